@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A scratch PostgreSQL 15 cluster for the demo and the tests, on 127.0.0.1 and a Unix socket
+# inside its own directory only.
+#
+#   scripts/cluster.sh start DIR PORT   initdb (if needed) and start; prints nothing else
+#   scripts/cluster.sh stop DIR         stop (fast) if running
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+
+command=${1:?usage: cluster.sh start DIR PORT | stop DIR}
+dir=${2:?cluster directory}
+
+case "$command" in
+start)
+    port=${3:?port}
+    mkdir -p "$dir"
+    [ "$(id -u)" = 0 ] && chown postgres: "$dir"
+    if [ ! -f "$dir/data/PG_VERSION" ]; then
+        as_server_user "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust --no-sync >"$dir/initdb.log"
+        cat >>"$dir/data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir'
+fsync = off
+max_connections = 100
+log_min_messages = warning
+CONF
+    fi
+    as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+    ;;
+stop)
+    if [ -f "$dir/data/postmaster.pid" ]; then
+        as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+    fi
+    ;;
+*)
+    echo "cluster.sh: unknown command $command" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what building and testing outbox_ext needs on Debian 12, and nothing twice:
+# Debian packages, cargo-pgrx 0.18.0 (pinned to match pgrx), pgrx's view of PostgreSQL 15,
+# and a Python virtualenv with the integration tests' pinned client libraries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+
+need_packages=()
+[ -x "$PG_BIN/pg_config" ] && [ -d "$PGXS_DIR" ] || need_packages+=(postgresql-15 postgresql-server-dev-15)
+[ -f "$ISOLATION_REGRESS" ] || need_packages+=(postgresql-server-dev-15)
+ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need_packages+=(libclang-dev)
+command -v sudo >/dev/null || need_packages+=(sudo)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_packages+=(python3-venv)
+if [ ${#need_packages[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${need_packages[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_packages[@]}" >/dev/null
+fi
+
+if ! cargo pgrx --version 2>/dev/null | grep -q "0.18.0"; then
+    echo "setup: installing cargo-pgrx 0.18.0 (takes several minutes)"
+    cargo install cargo-pgrx --version 0.18.0 --locked
+fi
+
+# Point pgrx at the installed server; never a bare `cargo pgrx init`, which downloads sources.
+if ! grep -qs "pg15" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+    cargo pgrx init --pg15 "$PG_BIN/pg_config"
+fi
+
+if [ ! -x .venv/bin/pytest ] || ! cmp -s tests/requirements.txt .venv/requirements.txt; then
+    echo "setup: creating .venv for the integration tests"
+    python3 -m venv .venv
+    .venv/bin/pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+    cp tests/requirements.txt .venv/requirements.txt
+fi

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine:
+#   1. plain Rust unit tests and #[pg_test]s (cargo pgrx test, in pgrx's own test cluster)
+#   2. the extension built in release mode and installed into PostgreSQL 15
+#   3. integration tests over real client connections and the isolation specs, against a
+#      scratch cluster started here on 127.0.0.1 and stopped at the end
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+scripts/setup.sh
+
+scratch=$(mktemp -d /tmp/outbox_ext-test.XXXXXX)
+chown postgres: "$scratch" 2>/dev/null || true
+cleanup() {
+    scripts/cluster.sh stop "$scratch/cluster" || true
+    rm -rf "$scratch"
+}
+trap cleanup EXIT
+
+echo "== 1/3 Rust unit tests and #[pg_test]s"
+mkdir -p "$scratch/pgrx" && chown postgres: "$scratch/pgrx" 2>/dev/null || true
+cargo pgrx test pg15 --runas postgres --pgdata "$scratch/pgrx/data"
+
+echo "== 2/3 build and install the extension"
+cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
+
+echo "== 3/3 integration tests and isolation specs against a scratch cluster"
+port=${OUTBOX_TEST_PORT:-54329}
+scripts/cluster.sh start "$scratch/cluster" "$port"
+PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
+    .venv/bin/pytest tests/integration -q -p no:cacheprovider "$@"

@@ -1,0 +1,45 @@
+"""Fixtures for tests over real client connections.
+
+scripts/test.sh starts a scratch cluster with the extension installed and exports PGHOST,
+PGPORT and PGUSER; each test gets a fresh database state (the extension dropped and created).
+"""
+
+import os
+
+import psycopg
+import pytest
+
+DATABASE = "outbox_integration"
+
+
+def connect(**kwargs) -> psycopg.Connection:
+    """A new client connection to the test database (not autocommit: transactions are explicit)."""
+    return psycopg.connect(dbname=DATABASE, **kwargs)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def database():
+    for var in ("PGHOST", "PGPORT"):
+        if var not in os.environ:
+            pytest.exit(f"{var} is not set: run the integration tests through scripts/test.sh", 2)
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {DATABASE}")
+    yield DATABASE
+
+
+@pytest.fixture()
+def db(database):
+    """An autocommit connection on a freshly created extension."""
+    with connect(autocommit=True) as conn:
+        conn.execute("DROP EXTENSION IF EXISTS outbox_ext CASCADE")
+        conn.execute("CREATE EXTENSION outbox_ext")
+        yield conn
+
+
+def enqueue_many(conn, count: int, topic: str = "booking.created") -> list[int]:
+    rows = conn.execute(
+        "SELECT (outbox_enqueue(%s, jsonb_build_object('n', n))).id FROM generate_series(1, %s) n",
+        (topic, count),
+    ).fetchall()
+    return [row[0] for row in rows]

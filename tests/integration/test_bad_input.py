@@ -1,0 +1,67 @@
+"""Bad input is refused with a deliberate SQLSTATE and a message naming the argument, before
+anything is written; the session and the server keep serving."""
+
+import pytest
+import psycopg
+
+NULL_VALUE = "22004"
+INVALID = "22023"
+TOO_LONG = "22001"
+
+CASES = [
+    # (call, SQLSTATE, words the message must contain)
+    ("outbox_enqueue(NULL, '{}')", NULL_VALUE, "topic"),
+    ("outbox_enqueue('', '{}')", INVALID, "topic"),
+    ("outbox_enqueue(repeat('a', 65), '{}')", TOO_LONG, "topic"),
+    ("outbox_enqueue('booking created', '{}')", INVALID, "topic"),
+    ("outbox_enqueue('café.opened', '{}')", INVALID, "topic"),
+    ("outbox_enqueue(E'booking\\ncreated', '{}')", INVALID, "topic"),
+    ("outbox_enqueue('booking.created', NULL)", NULL_VALUE, "payload"),
+    ("outbox_enqueue('booking.created', '{}', NULL)", NULL_VALUE, "delay"),
+    ("outbox_enqueue('booking.created', '{}', interval '-1 second')", INVALID, "delay"),
+    ("outbox_enqueue('booking.created', '{}', dedupe_key => '')", INVALID, "dedupe_key"),
+    ("outbox_enqueue('booking.created', '{}', dedupe_key => repeat('k', 256))", TOO_LONG, "dedupe_key"),
+    ("outbox_claim(NULL)", NULL_VALUE, "batch_size"),
+    ("outbox_claim(0)", INVALID, "batch_size"),
+    ("outbox_claim(-5)", INVALID, "batch_size"),
+    ("outbox_claim(1000000)", INVALID, "batch_size"),
+    ("outbox_claim(10, ARRAY[NULL]::text[])", NULL_VALUE, "topics"),
+    ("outbox_claim(10, ARRAY['booking.created', 'not a topic'])", INVALID, "topics"),
+    ("outbox_claim(10, NULL, NULL)", NULL_VALUE, "lease"),
+    ("outbox_claim(10, NULL, interval '0')", INVALID, "lease"),
+    ("outbox_claim(10, NULL, interval '-5 seconds')", INVALID, "lease"),
+    ("outbox_complete(NULL::bigint)", NULL_VALUE, "id"),
+    ("outbox_complete(NULL::bigint[])", NULL_VALUE, "ids"),
+    ("outbox_complete(ARRAY[1, NULL]::bigint[])", NULL_VALUE, "ids"),
+    ("outbox_complete(ARRAY[1, 2]::bigint[], ARRAY[gen_random_uuid()])", INVALID, "lease_tokens"),
+    ("outbox_fail(NULL, 'boom')", NULL_VALUE, "id"),
+    ("outbox_fail(1, NULL)", NULL_VALUE, "error"),
+    ("outbox_fail(1, 'boom', NULL, interval '-1 second')", INVALID, "retry_in"),
+    ("outbox_backoff(-1)", INVALID, "attempts"),
+]
+
+
+@pytest.mark.parametrize("call,sqlstate,argument", CASES, ids=[c[0] for c in CASES])
+def test_bad_argument_is_refused_with_its_sqlstate(db, call, sqlstate, argument):
+    db.execute("SELECT outbox_enqueue('booking.created', '{}')")
+    before = db.execute("SELECT count(*), sum(attempts), max(id) FROM outbox").fetchone()
+    with pytest.raises(psycopg.Error) as caught:
+        db.execute(f"SELECT * FROM {call}")
+    assert caught.value.sqlstate == sqlstate, caught.value
+    message = caught.value.diag.message_primary
+    assert argument in message and message.startswith(call.split("(")[0]), message
+    # Nothing half-written, and the session keeps serving.
+    assert db.execute("SELECT count(*), sum(attempts), max(id) FROM outbox").fetchone() == before
+
+
+def test_the_table_refuses_ill_formed_rows_written_directly(db):
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute("INSERT INTO outbox (topic, payload) VALUES ('bad topic', '{}')")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute("INSERT INTO outbox (topic, payload, status) VALUES ('a.b', '{}', 'LOST')")
+
+
+def test_unknown_ids_are_answers_not_errors(db):
+    assert db.execute("SELECT outbox_complete(424242)").fetchone()[0] is False
+    assert db.execute("SELECT outbox_fail(424242, 'boom')").fetchone()[0] is None
+    assert db.execute("SELECT outbox_complete(ARRAY[424242, 424243]::bigint[])").fetchone()[0] == 0

@@ -1,0 +1,34 @@
+"""Runs the isolation specs in tests/isolation with PostgreSQL's pg_isolation_regress against
+the scratch cluster: interleavings of concurrent sessions whose every step output is fixed."""
+
+import os
+import pathlib
+import subprocess
+import tempfile
+
+ISOLATION_REGRESS = "/usr/lib/postgresql/15/lib/pgxs/src/test/isolation/pg_isolation_regress"
+SPEC_DIR = pathlib.Path(__file__).resolve().parent.parent / "isolation"
+
+
+def test_isolation_specs(database):
+    specs = sorted(p.stem for p in (SPEC_DIR / "specs").glob("*.spec"))
+    assert specs, "no isolation specs found"
+    with tempfile.TemporaryDirectory() as output:
+        result = subprocess.run(
+            [
+                ISOLATION_REGRESS,
+                f"--host={os.environ['PGHOST']}",
+                f"--port={os.environ['PGPORT']}",
+                "--user=postgres",
+                "--dbname=outbox_isolation",
+                f"--inputdir={SPEC_DIR}",
+                f"--outputdir={output}",
+                *specs,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        diffs = pathlib.Path(output, "regression.diffs")
+        report = diffs.read_text() if diffs.exists() else ""
+        assert result.returncode == 0, result.stdout + result.stderr + report

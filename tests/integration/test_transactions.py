@@ -1,0 +1,154 @@
+"""Enqueue and claim live and die with the caller's transaction; leases bring back what a
+committed-but-dead consumer held; stale tokens change nothing."""
+
+import threading
+import time
+
+import psycopg
+
+from conftest import connect, enqueue_many
+
+
+def count(conn, where="true") -> int:
+    return conn.execute(f"SELECT count(*) FROM outbox WHERE {where}").fetchone()[0]
+
+
+def test_enqueue_is_invisible_to_others_until_commit(db):
+    with connect() as producer:
+        producer.execute("SELECT outbox_enqueue('booking.created', '{}')")
+        assert count(producer) == 1
+        assert count(db) == 0
+        assert db.execute("SELECT count(*) FROM outbox_claim(10)").fetchone()[0] == 0
+        producer.commit()
+    assert count(db) == 1
+
+
+def test_rollback_takes_the_message_with_it(db):
+    with connect() as producer:
+        producer.execute("SELECT outbox_enqueue('booking.created', '{}')")
+        producer.rollback()
+    assert count(db) == 0
+
+
+def test_a_rejected_double_booking_takes_its_outbox_row_with_it(db):
+    """The essay's case: an exclusion constraint rejects the second booking of the same room
+    and dates; the email that booking would have owed disappears with it."""
+    db.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
+    db.execute("DROP TABLE IF EXISTS bookings")
+    db.execute(
+        """CREATE TABLE bookings (
+               id serial PRIMARY KEY,
+               room int NOT NULL,
+               stay daterange NOT NULL,
+               guest text NOT NULL,
+               EXCLUDE USING gist (room WITH =, stay WITH &&))"""
+    )
+
+    def book(conn, guest):
+        booking_id = conn.execute(
+            "INSERT INTO bookings (room, stay, guest) VALUES (7, '[2026-12-01,2026-12-05)', %s) RETURNING id",
+            (guest,),
+        ).fetchone()[0]
+        conn.execute(
+            "SELECT outbox_enqueue('booking.created', jsonb_build_object('bookingId', %s::int, 'guest', %s::text),"
+            " dedupe_key => 'booking-created:' || %s::text)",
+            (booking_id, guest, booking_id),
+        )
+        conn.commit()
+
+    with connect() as first, connect() as second:
+        book(first, "ada@example.test")
+        try:
+            book(second, "bob@example.test")
+            raise AssertionError("the double booking was accepted")
+        except psycopg.errors.ExclusionViolation:
+            second.rollback()
+
+    guests = db.execute("SELECT payload->>'guest' FROM outbox").fetchall()
+    assert guests == [("ada@example.test",)]
+    db.execute("DROP TABLE bookings")
+
+
+def test_a_rolled_back_claim_gives_the_messages_back_at_once(db):
+    [message_id] = enqueue_many(db, 1)
+    with connect() as consumer:
+        consumer.execute("SELECT * FROM outbox_claim(10)").fetchall()
+        consumer.rollback()
+    row = db.execute("SELECT attempts, lease_token FROM outbox WHERE id = %s", (message_id,)).fetchone()
+    assert row == (0, None), "as if never claimed"
+    assert db.execute("SELECT count(*) FROM outbox_claim(10)").fetchone()[0] == 1
+
+
+def test_a_consumer_that_dies_holding_its_transaction_gives_the_messages_back(db):
+    enqueue_many(db, 3)
+    consumer = connect()
+    assert len(consumer.execute("SELECT * FROM outbox_claim(10)").fetchall()) == 3
+    consumer.close()  # the connection drops: the server aborts its transaction
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if db.execute("SELECT count(*) FROM outbox_claim(10)").fetchone()[0] == 3:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the dead consumer's messages never came back")
+
+
+def test_a_committed_claim_is_redelivered_when_the_lease_runs_out(db):
+    [message_id] = enqueue_many(db, 1)
+    with connect() as consumer:
+        first = consumer.execute("SELECT lease_token FROM outbox_claim(10, lease => '1 second')").fetchone()
+        consumer.commit()
+    # The consumer "died" after committing its claim. Until the lease ends, nobody gets it.
+    assert db.execute("SELECT count(*) FROM outbox_claim(10)").fetchone()[0] == 0
+    time.sleep(1.3)
+    second = db.execute("SELECT id, attempts, lease_token FROM outbox_claim(10)").fetchone()
+    assert second[0] == message_id
+    assert second[1] == 2, "each claim is a delivery"
+    assert second[2] != first[0]
+
+    # The first consumer wakes up late: its token is stale and changes nothing.
+    assert db.execute("SELECT outbox_complete(%s, %s)", (message_id, first[0])).fetchone()[0] is False
+    assert db.execute("SELECT outbox_fail(%s, 'late', %s)", (message_id, first[0])).fetchone()[0] is None
+    assert count(db, "status = 'PENDING' AND last_error IS NULL") == 1
+    assert db.execute("SELECT outbox_complete(%s, %s)", (message_id, second[2])).fetchone()[0] is True
+
+
+def test_readiness_follows_the_clock_inside_a_long_transaction(db):
+    """A long-lived consumer transaction sees delayed messages become ready: readiness is
+    judged by clock_timestamp(), not by the transaction's start time."""
+    with connect() as consumer:
+        consumer.execute("SELECT 1")  # the transaction starts here
+        db.execute("SELECT outbox_enqueue('reminder.due', '{}', interval '1 second')")
+        assert consumer.execute("SELECT count(*) FROM outbox_claim(10)").fetchone()[0] == 0
+        time.sleep(1.3)
+        assert consumer.execute("SELECT count(*) FROM outbox_claim(10)").fetchone()[0] == 1
+        consumer.commit()
+
+
+def test_concurrent_producers_with_one_dedupe_key_make_one_message(db):
+    producers = 8
+    barrier = threading.Barrier(producers)
+    ids, errors = [], []
+
+    def produce(n):
+        try:
+            with connect() as conn:
+                barrier.wait()
+                row = conn.execute(
+                    "SELECT (m).id, (m).payload->>'producer' FROM outbox_enqueue('booking.created',"
+                    " jsonb_build_object('producer', %s::int), dedupe_key => 'booking-created:99') m",
+                    (n,),
+                ).fetchone()
+                conn.commit()
+                ids.append(row[0])
+        except Exception as error:  # surfaced below
+            errors.append(error)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert len(ids) == producers and len(set(ids)) == 1
+    assert count(db) == 1
