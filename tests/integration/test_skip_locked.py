@@ -17,6 +17,8 @@ def test_second_consumer_gets_nothing_at_once_while_the_first_holds_everything(d
     with connect() as worker_a, connect() as worker_b:
         claimed_a = worker_a.execute("SELECT id FROM outbox_claim(10)").fetchall()
         assert len(claimed_a) == 10  # worker A's transaction stays open, holding the rows
+        # Were claim to wait for A's locks, fail after 5 s rather than hang.
+        worker_b.execute("SET lock_timeout = '5s'")
 
         started = time.perf_counter()
         claimed_b = worker_b.execute("SELECT id FROM outbox_claim(10)").fetchall()
@@ -31,6 +33,7 @@ def test_second_consumer_takes_the_next_rows(db):
     ids = enqueue_many(db, 30)
     with connect() as worker_a, connect() as worker_b:
         claimed_a = [r[0] for r in worker_a.execute("SELECT id FROM outbox_claim(20)")]
+        worker_b.execute("SET lock_timeout = '5s'")
         started = time.perf_counter()
         claimed_b = [r[0] for r in worker_b.execute("SELECT id FROM outbox_claim(20)")]
         elapsed = time.perf_counter() - started
