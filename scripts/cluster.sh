@@ -4,6 +4,9 @@
 #
 #   scripts/cluster.sh start DIR PORT   initdb (if needed) and start; prints nothing else
 #   scripts/cluster.sh stop DIR         stop (fast) if running
+#
+# The cluster preloads outbox_ext, so its delivery worker runs for the databases named in
+# OUTBOX_WORKER_DATABASES (default: none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -25,6 +28,8 @@ unix_socket_directories = '$dir'
 fsync = off
 max_connections = 100
 log_min_messages = warning
+shared_preload_libraries = 'outbox_ext'
+outbox.worker_databases = '${OUTBOX_WORKER_DATABASES:-}'
 CONF
     fi
     as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null

@@ -7,10 +7,9 @@ cd "$(dirname "$0")/.."
 source scripts/common.sh
 
 need_packages=()
-[ -x "$PG_BIN/pg_config" ] && [ -d "$PGXS_DIR" ] || need_packages+=(postgresql-15 postgresql-server-dev-15)
-[ -f "$ISOLATION_REGRESS" ] || need_packages+=(postgresql-server-dev-15)
-ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need_packages+=(libclang-dev)
-command -v sudo >/dev/null || need_packages+=(sudo)
+for package in postgresql-15 postgresql-server-dev-15 libclang-dev sudo; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || need_packages+=("$package")
+done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_packages+=(python3-venv)
 if [ ${#need_packages[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${need_packages[*]}"

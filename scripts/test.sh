@@ -26,6 +26,6 @@ cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
 
 echo "== 3/3 integration tests and isolation specs against a scratch cluster"
 port=${OUTBOX_TEST_PORT:-54329}
-scripts/cluster.sh start "$scratch/cluster" "$port"
-PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
+OUTBOX_WORKER_DATABASES=outbox_integration scripts/cluster.sh start "$scratch/cluster" "$port"
+OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
     .venv/bin/pytest tests/integration -q -p no:cacheprovider "$@"

@@ -33,6 +33,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- When this transaction commits, an idle delivery worker starts at once.
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
+
     IF outbox_enqueue.dedupe_key IS NULL THEN
         INSERT INTO @extschema@.outbox (topic, payload, available_at)
         VALUES (outbox_enqueue.topic, outbox_enqueue.payload, clock_timestamp() + outbox_enqueue.delay)

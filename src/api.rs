@@ -5,6 +5,8 @@
 
 use crate::errors::invalid_argument;
 use crate::settings;
+#[allow(unused_imports)]
+use crate::{subscriptions, topic, worker::registry};
 use pgrx::prelude::*;
 use pgrx::datum::{Interval, Uuid};
 
@@ -12,7 +14,18 @@ extension_sql_file!("../sql/schema.sql", name = "outbox_schema", requires = [out
 extension_sql_file!(
     "../sql/api.sql",
     name = "outbox_api",
-    requires = ["outbox_schema", outbox_backoff, outbox_max_attempts, topic::outbox_check_topic]
+    requires = [
+        "outbox_schema",
+        outbox_backoff,
+        outbox_max_attempts,
+        topic::outbox_check_topic,
+        registry::outbox_wake_worker_at_commit
+    ]
+);
+extension_sql_file!(
+    "../sql/subscriptions.sql",
+    name = "outbox_subscriptions",
+    requires = ["outbox_api", subscriptions::outbox_check_subscription]
 );
 
 /// A time-ordered UUID (version 7): new ids land at the right edge of the unique index.

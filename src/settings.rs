@@ -1,14 +1,23 @@
-//! Settings (GUCs). All of them are `USERSET`: they can be set per session, per role
-//! (`ALTER ROLE … SET`), per database (`ALTER DATABASE … SET`) or server-wide.
+//! Settings (GUCs). The core ones are `USERSET`: they can be set per session, per role
+//! (`ALTER ROLE … SET`), per database (`ALTER DATABASE … SET`) or server-wide. The worker's
+//! are `SIGHUP` (a reload applies them) except which databases it serves (`POSTMASTER`).
 
 use crate::backoff::BackoffPolicy;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::CString;
 use std::time::Duration;
 
 pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static BACKOFF_BASE_MS: GucSetting<i32> = GucSetting::<i32>::new(2_000);
 pub static BACKOFF_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(3_600_000);
 pub static BACKOFF_JITTER: GucSetting<f64> = GucSetting::<f64>::new(0.2);
+
+pub static WORKER_DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static WORKER_ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
+pub static WORKER_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
+pub static MAX_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(8);
+pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 
 pub fn register() {
     GucRegistry::define_int_guc(
@@ -51,6 +60,101 @@ pub fn register() {
         GucContext::Userset,
         GucFlags::default(),
     );
+}
+
+/// The delivery worker's settings. `outbox.worker_databases` can only be defined while the
+/// library is preloaded (Postgres refuses new POSTMASTER settings after start-up).
+pub fn register_worker(preloading: bool) {
+    if preloading {
+        GucRegistry::define_string_guc(
+            c"outbox.worker_databases",
+            c"Databases the delivery worker serves, separated by commas (one worker each).",
+            c"Needs a restart. An empty value starts no worker.",
+            &WORKER_DATABASES,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
+    GucRegistry::define_bool_guc(
+        c"outbox.worker_enabled",
+        c"Whether the delivery worker delivers (off: it idles, messages stay pending).",
+        c"",
+        &WORKER_ENABLED,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.poll_interval",
+        c"How long an idle delivery worker waits before looking for ready messages again.",
+        c"A committed outbox_enqueue wakes it earlier; the poll finds messages whose backoff or delay ran out.",
+        &POLL_INTERVAL_MS,
+        10,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.worker_batch_size",
+        c"Messages the delivery worker claims at a time.",
+        c"",
+        &WORKER_BATCH_SIZE,
+        1,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.max_in_flight",
+        c"HTTP requests the delivery worker may have in flight at once.",
+        c"",
+        &MAX_IN_FLIGHT,
+        1,
+        256,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.http_timeout",
+        c"Longest wait for an endpoint: connecting, sending and reading the answer together.",
+        c"A subscription's own timeout overrides it.",
+        &HTTP_TIMEOUT_MS,
+        100,
+        600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+}
+
+/// The databases named by `outbox.worker_databases`, trimmed, without empties or repeats.
+pub fn worker_databases() -> Vec<String> {
+    let raw = WORKER_DATABASES.get().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut names: Vec<String> = Vec::new();
+    for name in raw.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    names
+}
+
+/// The worker's settings as they are now (re-read after every reload).
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerSettings {
+    pub enabled: bool,
+    pub poll_interval: Duration,
+    pub batch_size: i32,
+    pub max_in_flight: usize,
+    pub http_timeout: Duration,
+}
+
+pub fn worker_settings() -> WorkerSettings {
+    WorkerSettings {
+        enabled: WORKER_ENABLED.get(),
+        poll_interval: Duration::from_millis(POLL_INTERVAL_MS.get() as u64),
+        batch_size: WORKER_BATCH_SIZE.get(),
+        max_in_flight: MAX_IN_FLIGHT.get() as usize,
+        http_timeout: Duration::from_millis(HTTP_TIMEOUT_MS.get() as u64),
+    }
 }
 
 /// The retry policy as the current settings define it.

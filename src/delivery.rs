@@ -1,0 +1,300 @@
+//! Delivering one message to one endpoint over HTTP, and what the answer means.
+//!
+//! Nothing here touches Postgres: the worker runs `deliver` on helper threads and records the
+//! returned `Outcome` from its main thread. Signing and the classification of answers are pure
+//! functions with plain unit tests.
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::io::Read;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How much of a failing response's body is read (and kept in `last_error`).
+pub const ERROR_BODY_BYTES: usize = 256;
+/// A `Retry-After` longer than this is cut to it: a misbehaving endpoint cannot park a
+/// message for months.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Where and how a topic's messages are sent.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub url: String,
+    /// The decoded key of a `whsec_…` secret; `None` sends no signature.
+    pub signing_key: Option<Vec<u8>>,
+    pub headers: Vec<(String, String)>,
+    pub timeout: Duration,
+}
+
+/// What is sent: the parts of an outbox row a receiver sees.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub public_id: String,
+    pub topic: String,
+    pub payload: String,
+    pub attempt: i32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Delivered,
+    Failed { error: String, retry_after: Option<Duration> },
+}
+
+/// The Standard Webhooks signature: `v1,` + base64(HMAC-SHA256(key, "id.timestamp.body")).
+pub fn sign(key: &[u8], message_id: &str, timestamp: u64, body: &str) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes keys of any length");
+    mac.update(format!("{message_id}.{timestamp}.{body}").as_bytes());
+    format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()))
+}
+
+/// The key inside a `whsec_<base64>` secret (Standard Webhooks' format).
+pub fn decode_secret(secret: &str) -> Result<Vec<u8>, String> {
+    let encoded = secret
+        .strip_prefix("whsec_")
+        .ok_or_else(|| "must start with \"whsec_\" (the Standard Webhooks secret format)".to_string())?;
+    let key = BASE64
+        .decode(encoded)
+        .map_err(|_| "must be \"whsec_\" followed by base64".to_string())?;
+    if !(24..=64).contains(&key.len()) {
+        return Err(format!("must hold a key of 24 to 64 bytes, got {}", key.len()));
+    }
+    Ok(key)
+}
+
+/// A new random secret in the `whsec_` form (32 bytes of key).
+pub fn generate_secret() -> String {
+    let key: Vec<u8> = std::iter::repeat_with(|| fastrand::u8(..)).take(32).collect();
+    format!("whsec_{}", BASE64.encode(key))
+}
+
+/// What an HTTP answer means for the message: 2xx delivered; anything else failed, with the
+/// endpoint's `Retry-After` (seconds or an HTTP date) honoured when it gives one.
+pub fn classify_status(status: u16, retry_after: Option<&str>, body_start: &str, now: SystemTime) -> Outcome {
+    if (200..300).contains(&status) {
+        return Outcome::Delivered;
+    }
+    let body = body_start.trim();
+    let error = if body.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {body}")
+    };
+    Outcome::Failed {
+        error,
+        retry_after: retry_after.and_then(|value| parse_retry_after(value, now)),
+    }
+}
+
+/// `Retry-After: 120` or `Retry-After: Wed, 21 Oct 2026 07:28:00 GMT`, capped at a day.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            let at = httpdate::parse_http_date(value).ok()?;
+            at.duration_since(now).unwrap_or(Duration::ZERO)
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
+}
+
+/// A short, stable description of a transport failure for `last_error`.
+pub fn describe_transport_error(error: &ureq::Error, timeout: Duration) -> String {
+    match error {
+        ureq::Error::Timeout(_) => format!("timeout after {}", human_duration(timeout)),
+        ureq::Error::HostNotFound => "host not found".to_string(),
+        ureq::Error::ConnectionFailed => "connection failed".to_string(),
+        ureq::Error::Io(io) => match io.kind() {
+            std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
+            std::io::ErrorKind::ConnectionReset => "connection reset".to_string(),
+            std::io::ErrorKind::ConnectionAborted => "connection aborted".to_string(),
+            std::io::ErrorKind::UnexpectedEof => "connection closed before the response was complete".to_string(),
+            std::io::ErrorKind::TimedOut => format!("timeout after {}", human_duration(timeout)),
+            _ => format!("I/O error: {io}"),
+        },
+        other => other.to_string(),
+    }
+}
+
+fn human_duration(duration: Duration) -> String {
+    if duration.subsec_millis() == 0 {
+        format!("{}s", duration.as_secs())
+    } else {
+        format!("{}ms", duration.as_millis())
+    }
+}
+
+/// One HTTP client for the worker's life: it keeps connections to endpoints alive between
+/// deliveries. Redirects are not followed (an endpoint is an exact URL), statuses are answers,
+/// not errors.
+pub fn new_agent(pool_per_host: usize) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .user_agent(concat!("outbox_ext/", env!("CARGO_PKG_VERSION")))
+        .max_idle_connections_per_host(pool_per_host.max(1))
+        .max_idle_connections(pool_per_host.max(1) * 16)
+        .build()
+        .into()
+}
+
+/// POSTs `message` to `endpoint` with the Standard Webhooks headers. Every wait is bounded by
+/// the endpoint's timeout (connect, send, response and body together).
+pub fn deliver(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Outcome {
+    let now = SystemTime::now();
+    let timestamp = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let mut request = agent
+        .post(&endpoint.url)
+        .config()
+        .timeout_global(Some(endpoint.timeout))
+        .build()
+        .header("content-type", "application/json")
+        .header("webhook-id", &message.public_id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("outbox-topic", &message.topic)
+        .header("outbox-attempt", message.attempt.to_string());
+    if let Some(key) = &endpoint.signing_key {
+        request = request.header("webhook-signature", sign(key, &message.public_id, timestamp, &message.payload));
+    }
+    for (name, value) in &endpoint.headers {
+        request = request.header(name, value);
+    }
+    match request.send(message.payload.as_str()) {
+        Ok(mut response) => {
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let mut body_start = String::new();
+            if !(200..300).contains(&status) {
+                let mut buffer = Vec::with_capacity(ERROR_BODY_BYTES);
+                // A body that cannot be read (or is cut off) still leaves the status to report.
+                let _ = response
+                    .body_mut()
+                    .as_reader()
+                    .take(ERROR_BODY_BYTES as u64)
+                    .read_to_end(&mut buffer);
+                body_start = String::from_utf8_lossy(&buffer).into_owned();
+            }
+            classify_status(status, retry_after.as_deref(), &body_start, now)
+        }
+        Err(error) => Outcome::Failed {
+            error: describe_transport_error(&error, endpoint.timeout),
+            retry_after: None,
+        },
+    }
+}
+
+/// What the worker records for a message sent to several endpoints: delivered when every
+/// endpoint took it; otherwise failed with each endpoint's error and the longest Retry-After.
+pub fn combine(outcomes: &[(String, Outcome)]) -> Outcome {
+    let failures: Vec<_> = outcomes
+        .iter()
+        .filter_map(|(url, outcome)| match outcome {
+            Outcome::Delivered => None,
+            Outcome::Failed { error, retry_after } => Some((url, error, retry_after)),
+        })
+        .collect();
+    match failures.as_slice() {
+        [] => Outcome::Delivered,
+        [(_, error, retry_after)] if outcomes.len() == 1 => Outcome::Failed {
+            error: (*error).clone(),
+            retry_after: **retry_after,
+        },
+        many => Outcome::Failed {
+            error: many
+                .iter()
+                .map(|(url, error, _)| format!("{url}: {error}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+            retry_after: many.iter().filter_map(|(_, _, r)| **r).max(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+
+    #[test]
+    fn signs_like_the_standard_webhooks_reference() {
+        // The example of the Standard Webhooks specification and its reference libraries.
+        let key = decode_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let signature = sign(
+            &key,
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            r#"{"test": 2432232314}"#,
+        );
+        assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn refuses_secrets_not_in_the_whsec_form() {
+        assert!(decode_secret("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_err());
+        assert!(decode_secret("whsec_not base64!").is_err());
+        assert!(decode_secret("whsec_c2hvcnQ=").unwrap_err().contains("24 to 64 bytes"));
+    }
+
+    #[test]
+    fn generated_secrets_decode() {
+        let secret = generate_secret();
+        assert_eq!(decode_secret(&secret).unwrap().len(), 32);
+        assert_ne!(secret, generate_secret());
+    }
+
+    #[test]
+    fn classifies_answers() {
+        let now = SystemTime::now();
+        assert_eq!(classify_status(200, None, "", now), Outcome::Delivered);
+        assert_eq!(classify_status(204, Some("30"), "", now), Outcome::Delivered);
+        assert_eq!(
+            classify_status(503, None, "  upstream unavailable\n", now),
+            Outcome::Failed { error: "HTTP 503: upstream unavailable".into(), retry_after: None }
+        );
+        assert_eq!(
+            classify_status(429, Some("120"), "", now),
+            Outcome::Failed { error: "HTTP 429".into(), retry_after: Some(Duration::from_secs(120)) }
+        );
+        assert!(matches!(classify_status(404, None, "", now), Outcome::Failed { .. }));
+        assert!(matches!(classify_status(301, None, "", now), Outcome::Failed { .. }));
+    }
+
+    #[test]
+    fn parses_retry_after_in_both_forms() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
+        let in_ninety = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        assert_eq!(parse_retry_after(&in_ninety, now), Some(Duration::from_secs(90)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("99999999", now), Some(MAX_RETRY_AFTER));
+    }
+
+    #[test]
+    fn combines_endpoint_outcomes() {
+        let ok = Outcome::Delivered;
+        let busy = Outcome::Failed { error: "HTTP 503".into(), retry_after: Some(Duration::from_secs(5)) };
+        let slow = Outcome::Failed { error: "timeout after 5s".into(), retry_after: None };
+        assert_eq!(combine(&[("a".into(), ok.clone())]), Outcome::Delivered);
+        assert_eq!(combine(&[("a".into(), busy.clone())]), busy);
+        assert_eq!(
+            combine(&[("a".into(), ok), ("b".into(), busy), ("c".into(), slow)]),
+            Outcome::Failed {
+                error: "b: HTTP 503; c: timeout after 5s".into(),
+                retry_after: Some(Duration::from_secs(5))
+            }
+        );
+    }
+
+    #[test]
+    fn describes_durations_for_people() {
+        assert_eq!(human_duration(Duration::from_secs(5)), "5s");
+        assert_eq!(human_duration(Duration::from_millis(1500)), "1500ms");
+    }
+}

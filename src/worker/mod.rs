@@ -1,0 +1,425 @@
+//! The delivery worker: a background worker per database that POSTs messages to the endpoints
+//! subscribed to their topic.
+//!
+//! One round, repeated:
+//! 1. a short transaction claims a batch of messages of subscribed topics, with a lease, and
+//!    commits (through `outbox_claim`, the same function every consumer uses);
+//! 2. outside any transaction, helper threads deliver them over HTTP, at most
+//!    `outbox.max_in_flight` at once; they never call into Postgres;
+//! 3. the main thread records each message's outcome as it arrives, in a transaction of its
+//!    own (`outbox_complete` / `outbox_fail`), so one poisoned message never rolls back its
+//!    neighbours' success.
+//!
+//! A crash anywhere leaves claimed messages leased; when the lease runs out they are claimed
+//! again: at least once, never lost.
+
+pub mod registry;
+
+use crate::delivery::{self, Endpoint, Message, Outcome};
+use crate::settings::{self, WorkerSettings};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::datum::Interval;
+use pgrx::prelude::*;
+use registry::WorkerState;
+use std::collections::{BTreeMap, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How often, at most, the worker looks for pending messages nobody subscribes to ...
+const UNSUBSCRIBED_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// ... and how often, at most, it warns about the same topic.
+const UNSUBSCRIBED_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+/// Added to twice a batch's worst-case delivery time to make its lease.
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+const FIND_EXTENSION_SCHEMA: &str = include_str!("../../sql/worker/find_extension_schema.sql");
+const LOAD_SUBSCRIPTIONS: &str = include_str!("../../sql/worker/load_subscriptions.sql");
+const CLAIM: &str = include_str!("../../sql/worker/claim.sql");
+const UNSUBSCRIBED_TOPICS: &str = include_str!("../../sql/worker/unsubscribed_topics.sql");
+const COMPLETE: &str = "SELECT outbox_complete($1, $2::uuid)";
+const FAIL: &str = "SELECT outbox_fail($1, $2, $3::uuid, $4)";
+
+/// Registers one worker per database of `outbox.worker_databases`. Called while preloading.
+pub fn register_background_workers() {
+    let databases = settings::worker_databases();
+    if databases.len() > registry::MAX_WORKERS {
+        warning!(
+            "outbox_ext: outbox.worker_databases names {} databases; only the first {} get a delivery worker",
+            databases.len(),
+            registry::MAX_WORKERS
+        );
+    }
+    for (slot, database) in databases.iter().take(registry::MAX_WORKERS).enumerate() {
+        BackgroundWorkerBuilder::new(&format!("outbox_ext delivery worker for {database}"))
+            .set_type("outbox_ext delivery worker")
+            .set_library("outbox_ext")
+            .set_function("outbox_worker_main")
+            .set_argument((slot as i32).into_datum())
+            .set_extra(database)
+            .enable_spi_access()
+            .set_start_time(BgWorkerStartTime::RecoveryFinished)
+            .set_restart_time(Some(Duration::from_secs(5)))
+            .load();
+    }
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn outbox_worker_main(argument: pg_sys::Datum) {
+    let slot = argument.value() as usize;
+    let database = BackgroundWorker::get_extra().to_owned();
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    unsafe { pg_sys::pgstat_report_appname(c"outbox_ext delivery worker".as_ptr()) };
+    registry::attach(slot);
+    log!("outbox_ext: delivery worker started for database \"{database}\"");
+
+    let mut worker = Worker::new(slot, database);
+    worker.run();
+
+    registry::detach(slot);
+    log!("outbox_ext: delivery worker for database \"{}\" stopped", worker.database);
+    // Exit code 1 asks the postmaster to start us again after the restart time, unless it is
+    // shutting down: a worker stopped with pg_terminate_backend comes back.
+    unsafe { pg_sys::proc_exit(1) };
+}
+
+fn shutdown_requested() -> bool {
+    unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() != 0 }
+}
+
+/// A claimed message and where it goes.
+struct Claimed {
+    id: i64,
+    lease_token: String,
+    message: Message,
+    endpoints: Vec<usize>,
+}
+
+enum Round {
+    /// The database has no outbox_ext (yet).
+    NoExtension,
+    /// Nothing to deliver now.
+    Nothing,
+    Delivered { claimed: usize, batch_size: usize },
+}
+
+struct Worker {
+    slot: usize,
+    database: String,
+    /// The schema the search_path is set to (the extension's), once found.
+    schema: Option<String>,
+    agent: ureq::Agent,
+    agent_pool: usize,
+    said_waiting_for_extension: bool,
+    last_unsubscribed_check: Option<Instant>,
+    warned_about_topic: HashMap<String, Instant>,
+}
+
+impl Worker {
+    fn new(slot: usize, database: String) -> Self {
+        let pool = settings::worker_settings().max_in_flight;
+        Worker {
+            slot,
+            database,
+            schema: None,
+            agent: delivery::new_agent(pool),
+            agent_pool: pool,
+            said_waiting_for_extension: false,
+            last_unsubscribed_check: None,
+            warned_about_topic: HashMap::new(),
+        }
+    }
+
+    fn run(&mut self) {
+        while !shutdown_requested() {
+            if BackgroundWorker::sighup_received() {
+                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            }
+            let settings = settings::worker_settings();
+            if settings.max_in_flight != self.agent_pool {
+                self.agent = delivery::new_agent(settings.max_in_flight);
+                self.agent_pool = settings.max_in_flight;
+            }
+            registry::update(self.slot, |s| s.last_poll_at = unsafe { pg_sys::GetCurrentTimestamp() });
+
+            let more_waiting = if settings.enabled {
+                match self.round(&settings) {
+                    Round::NoExtension => {
+                        self.set_state(WorkerState::WaitingForExtension);
+                        false
+                    }
+                    Round::Nothing => {
+                        self.set_state(WorkerState::Idle);
+                        false
+                    }
+                    Round::Delivered { claimed, batch_size } => claimed == batch_size,
+                }
+            } else {
+                self.set_state(WorkerState::Disabled);
+                false
+            };
+            if shutdown_requested() {
+                break;
+            }
+            // A full batch suggests more is ready: go again at once. Otherwise sleep until the
+            // poll interval passes or a committing producer sets our latch.
+            if !more_waiting && !BackgroundWorker::wait_latch(Some(settings.poll_interval)) {
+                break;
+            }
+        }
+    }
+
+    fn set_state(&self, state: WorkerState) {
+        registry::update(self.slot, |s| s.state = state);
+    }
+
+    /// One claim-deliver-record round.
+    fn round(&mut self, settings: &WorkerSettings) -> Round {
+        let claim = BackgroundWorker::transaction(AssertUnwindSafe(|| self.claim(settings)));
+        let Some((endpoints, batch)) = claim else {
+            return Round::NoExtension;
+        };
+        if batch.is_empty() {
+            return Round::Nothing;
+        }
+        self.set_state(WorkerState::Delivering);
+        let claimed = batch.len();
+        self.deliver(settings, &endpoints, batch);
+        Round::Delivered { claimed, batch_size: settings.batch_size as usize }
+    }
+
+    /// In a transaction: find the extension, read the subscriptions, claim a batch of their
+    /// topics. `None` when the extension is not installed in this database.
+    fn claim(&mut self, settings: &WorkerSettings) -> Option<(Vec<Endpoint>, Vec<Claimed>)> {
+        let Some(schema) = Spi::get_one::<String>(FIND_EXTENSION_SCHEMA).expect("looking up the extension") else {
+            if !self.said_waiting_for_extension {
+                log!(
+                    "outbox_ext: database \"{}\" has no outbox_ext extension; the delivery worker waits for CREATE EXTENSION outbox_ext",
+                    self.database
+                );
+                self.said_waiting_for_extension = true;
+            }
+            self.schema = None;
+            return None;
+        };
+        self.said_waiting_for_extension = false;
+        if self.schema.as_deref() != Some(schema.as_str()) {
+            // Session-wide: the worker's calls resolve to the extension's functions.
+            Spi::run_with_args(
+                "SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident($1) || ', pg_catalog', false)",
+                &[schema.clone().into()],
+            )
+            .expect("setting the search_path");
+            self.schema = Some(schema);
+        }
+
+        let (endpoints, endpoints_by_topic) = load_endpoints(settings);
+        let topics: Vec<String> = endpoints_by_topic.keys().cloned().collect();
+        self.warn_about_unsubscribed_topics(&topics);
+        if topics.is_empty() {
+            return Some((endpoints, Vec::new()));
+        }
+
+        let lease = lease_for(settings, &endpoints, &endpoints_by_topic);
+        let batch = Spi::connect_mut(|client| {
+            let rows = client
+                .update(
+                    CLAIM,
+                    None,
+                    &[settings.batch_size.into(), topics.clone().into(), lease.into()],
+                )
+                .expect("claiming messages");
+            rows.map(|row| {
+                let topic: String = row.get(3).unwrap().unwrap();
+                Claimed {
+                    id: row.get(1).unwrap().unwrap(),
+                    lease_token: row.get(6).unwrap().unwrap(),
+                    endpoints: endpoints_by_topic.get(&topic).cloned().unwrap_or_default(),
+                    message: Message {
+                        public_id: row.get(2).unwrap().unwrap(),
+                        topic,
+                        payload: row.get(4).unwrap().unwrap(),
+                        attempt: row.get(5).unwrap().unwrap(),
+                    },
+                }
+            })
+            .collect()
+        });
+        Some((endpoints, batch))
+    }
+
+    /// Logs the topics that have pending messages but no subscription, each at most once a
+    /// minute: they stay pending (a producer deployed ahead of its consumer is not data loss).
+    fn warn_about_unsubscribed_topics(&mut self, subscribed: &[String]) {
+        if self.last_unsubscribed_check.is_some_and(|at| at.elapsed() < UNSUBSCRIBED_CHECK_INTERVAL) {
+            return;
+        }
+        self.last_unsubscribed_check = Some(Instant::now());
+        let orphans: Vec<(String, i64)> = Spi::connect(|client| {
+            client
+                .select(UNSUBSCRIBED_TOPICS, None, &[subscribed.to_vec().into()])
+                .expect("looking for unsubscribed topics")
+                .map(|row| (row.get(1).unwrap().unwrap(), row.get(2).unwrap().unwrap()))
+                .collect()
+        });
+        let known = if subscribed.is_empty() { "none".to_string() } else { subscribed.join(", ") };
+        self.warned_about_topic.retain(|_, at| at.elapsed() < UNSUBSCRIBED_WARNING_INTERVAL);
+        for (topic, pending) in orphans {
+            if self.warned_about_topic.contains_key(&topic) {
+                continue;
+            }
+            warning!(
+                "outbox_ext: no subscription for topic \"{topic}\": {pending} message(s) left pending (topics with subscriptions: {known})"
+            );
+            self.warned_about_topic.insert(topic, Instant::now());
+        }
+    }
+
+    /// Delivers the batch on helper threads and records each message's outcome as soon as all
+    /// its endpoints have answered.
+    fn deliver(&self, settings: &WorkerSettings, endpoints: &[Endpoint], batch: Vec<Claimed>) {
+        let jobs: Vec<(usize, usize)> = batch
+            .iter()
+            .enumerate()
+            .flat_map(|(m, claimed)| claimed.endpoints.iter().map(move |&e| (m, e)))
+            .collect();
+        let mut answers: Vec<Vec<(String, Outcome)>> = vec![Vec::new(); batch.len()];
+        let mut unanswered: Vec<usize> = batch.iter().map(|c| c.endpoints.len()).collect();
+        // A message whose subscriptions vanished between reading them and claiming: retry later.
+        for (m, claimed) in batch.iter().enumerate().filter(|(_, c)| c.endpoints.is_empty()) {
+            self.record(claimed, &Outcome::Failed { error: "no subscription left for its topic".into(), retry_after: None });
+            unanswered[m] = usize::MAX;
+        }
+
+        let threads = settings.max_in_flight.min(jobs.len());
+        let next_job = AtomicUsize::new(0);
+        let in_flight = AtomicUsize::new(0);
+        let (sender, receiver) = mpsc::channel::<(usize, Outcome)>();
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                let sender = sender.clone();
+                let (jobs, next_job, in_flight, batch, agent) = (&jobs, &next_job, &in_flight, &batch, &self.agent);
+                scope.spawn(move || {
+                    block_signals_in_this_thread();
+                    loop {
+                        let j = next_job.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(m, e)) = jobs.get(j) else { break };
+                        in_flight.fetch_add(1, Ordering::Relaxed);
+                        let outcome = delivery::deliver(agent, &endpoints[e], &batch[m].message);
+                        in_flight.fetch_sub(1, Ordering::Relaxed);
+                        if sender.send((j, outcome)).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            drop(sender);
+
+            // Main thread: the only one that talks to Postgres.
+            for (j, outcome) in receiver {
+                let (m, e) = jobs[j];
+                answers[m].push((endpoints[e].url.clone(), outcome));
+                unanswered[m] -= 1;
+                if unanswered[m] == 0 {
+                    self.record(&batch[m], &delivery::combine(&answers[m]));
+                }
+                let now_in_flight = in_flight.load(Ordering::Relaxed) as i32;
+                registry::update(self.slot, |s| s.in_flight = now_in_flight);
+            }
+        });
+        registry::update(self.slot, |s| s.in_flight = 0);
+    }
+
+    /// Records one message's outcome in a transaction of its own.
+    fn record(&self, claimed: &Claimed, outcome: &Outcome) {
+        let still_held = BackgroundWorker::transaction(AssertUnwindSafe(|| match outcome {
+            Outcome::Delivered => Spi::get_one_with_args::<bool>(
+                COMPLETE,
+                &[claimed.id.into(), claimed.lease_token.clone().into()],
+            )
+            .expect("recording a delivery")
+            .unwrap_or(false),
+            Outcome::Failed { error, retry_after } => {
+                let retry_in = retry_after.map(|d| Interval::from_micros(d.as_micros() as i64));
+                Spi::get_one_with_args::<String>(
+                    FAIL,
+                    &[claimed.id.into(), error.clone().into(), claimed.lease_token.clone().into(), retry_in.into()],
+                )
+                .expect("recording a failed delivery")
+                .is_some()
+            }
+        }));
+        let delivered = matches!(outcome, Outcome::Delivered);
+        registry::update(self.slot, |s| {
+            if delivered {
+                s.delivered += 1
+            } else {
+                s.failed += 1
+            }
+        });
+        if !still_held {
+            log!(
+                "outbox_ext: message {} was no longer held when its outcome arrived (its lease ran out); it will be delivered again",
+                claimed.id
+            );
+        }
+    }
+}
+
+/// Enabled subscriptions, and for each topic the indexes of its endpoints.
+fn load_endpoints(settings: &WorkerSettings) -> (Vec<Endpoint>, BTreeMap<String, Vec<usize>>) {
+    let mut endpoints = Vec::new();
+    let mut by_topic: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    Spi::connect(|client| {
+        let rows = client.select(LOAD_SUBSCRIPTIONS, None, &[]).expect("reading subscriptions");
+        for row in rows {
+            let topic: String = row.get(1).unwrap().unwrap();
+            let url: String = row.get(2).unwrap().unwrap();
+            let secret: Option<String> = row.get(3).unwrap();
+            let headers: Vec<String> = row.get(4).unwrap().unwrap_or_default();
+            let timeout_ms: Option<i64> = row.get(5).unwrap();
+            // Secrets were checked when subscribed; one changed behind our back is skipped
+            // (and the topic's messages wait) rather than sent unsigned.
+            let signing_key = match secret.as_deref().map(delivery::decode_secret) {
+                None => None,
+                Some(Ok(key)) => Some(key),
+                Some(Err(why)) => {
+                    warning!("outbox_ext: subscription of \"{topic}\" to {url} skipped: its secret {why}");
+                    continue;
+                }
+            };
+            by_topic.entry(topic).or_default().push(endpoints.len());
+            endpoints.push(Endpoint {
+                url,
+                signing_key,
+                headers: headers.chunks(2).map(|pair| (pair[0].clone(), pair[1].clone())).collect(),
+                timeout: timeout_ms.map(|ms| Duration::from_millis(ms as u64)).unwrap_or(settings.http_timeout),
+            });
+        }
+    });
+    (endpoints, by_topic)
+}
+
+/// A lease comfortably longer than the whole batch can take in the worst case (every request
+/// running into its timeout), so a slow batch is not claimed twice; and short enough that a
+/// crashed worker's messages come back soon.
+fn lease_for(settings: &WorkerSettings, endpoints: &[Endpoint], by_topic: &BTreeMap<String, Vec<usize>>) -> Interval {
+    let widest_fan_out = by_topic.values().map(Vec::len).max().unwrap_or(1);
+    let slowest = endpoints.iter().map(|e| e.timeout).max().unwrap_or(settings.http_timeout);
+    let requests = settings.batch_size as usize * widest_fan_out;
+    let rounds = requests.div_ceil(settings.max_in_flight.max(1)) as u32;
+    let lease = slowest * rounds * 2 + LEASE_MARGIN;
+    Interval::from_micros(lease.as_micros() as i64)
+}
+
+/// Helper threads must never run a Postgres signal handler: those belong to the main thread.
+fn block_signals_in_this_thread() {
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}
