@@ -54,3 +54,23 @@ SELECT outbox_fail(:id, 'HTTP 500: boom', :'token') AS status;
 
 \echo '\n== 5. The table'
 SELECT id, topic, status, attempts, processed_at IS NOT NULL AS processed, last_error FROM outbox ORDER BY id;
+
+\echo '\n== 6. The delivery worker: the booking webhook, POSTed to a local receiver that answers 503 twice, then 200'
+SELECT outbox_subscribe('booking.created', :'receiver_url', secret => outbox_generate_secret()) AS subscription;
+SELECT * FROM outbox_topics();
+BEGIN;
+INSERT INTO bookings (room, stay, guest) VALUES (8, '[2026-12-10,2026-12-12)', 'grace@example.test');
+SELECT id AS enqueued_id FROM outbox_enqueue('booking.created',
+    jsonb_build_object('bookingId', currval('bookings_id_seq'), 'guestEmail', 'grace@example.test'));
+COMMIT;
+-- Wait (at most 20 s) for the worker to get it through: two failures, backoff, success.
+DO $$
+BEGIN
+    FOR i IN 1..200 LOOP
+        EXIT WHEN (SELECT status FROM outbox WHERE payload->>'guestEmail' = 'grace@example.test') = 'DONE';
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+END
+$$;
+SELECT id, topic, status, attempts, last_error FROM outbox WHERE payload->>'guestEmail' = 'grace@example.test';
+SELECT database, state, delivered, failed FROM outbox_worker_status();

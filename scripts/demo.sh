@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds and installs outbox_ext, starts a scratch PostgreSQL with it, runs a first session
-# (examples/demo.sql) and stops the cluster again. KEEP=1 leaves the cluster running.
+# Builds and installs outbox_ext, starts a scratch PostgreSQL with it (preloaded, so the
+# delivery worker runs) and a local webhook receiver, runs a first session (examples/demo.sql)
+# and stops both again. KEEP=1 leaves the cluster running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -11,14 +12,39 @@ cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
 
 cluster=${OUTBOX_DEMO_DIR:-/tmp/outbox_ext-demo}
 port=${OUTBOX_DEMO_PORT:-54330}
-if [ "${KEEP:-0}" != 1 ]; then
-    trap 'scripts/cluster.sh stop "$cluster"; rm -rf "$cluster"' EXIT
-fi
-scripts/cluster.sh start "$cluster" "$port"
-echo "== scratch PostgreSQL on 127.0.0.1:$port (data in $cluster)"
-createdb_args=(-h 127.0.0.1 -p "$port" -U postgres)
-"$PG_BIN/psql" "${createdb_args[@]}" -X -q -c "DROP DATABASE IF EXISTS outbox_demo" -c "CREATE DATABASE outbox_demo"
-"$PG_BIN/psql" "${createdb_args[@]}" -X -d outbox_demo --echo-queries -f examples/demo.sql
+receiver_port=${OUTBOX_DEMO_RECEIVER_PORT:-8787}
+receiver_log=$(mktemp /tmp/outbox_ext-demo-receiver.XXXXXX)
+stop_all() {
+    [ -n "${receiver_pid:-}" ] && kill "$receiver_pid" 2>/dev/null
+    if [ "${KEEP:-0}" != 1 ]; then
+        scripts/cluster.sh stop "$cluster"
+        rm -rf "$cluster"
+    fi
+    rm -f "$receiver_log"
+}
+trap stop_all EXIT
+
+OUTBOX_WORKER_DATABASES=outbox_demo scripts/cluster.sh start "$cluster" "$port"
+echo "== scratch PostgreSQL on 127.0.0.1:$port (data in $cluster), delivery worker for database outbox_demo"
+psql_args=(-h 127.0.0.1 -p "$port" -U postgres -X)
+"$PG_BIN/psql" "${psql_args[@]}" -q -c "DROP DATABASE IF EXISTS outbox_demo" -c "CREATE DATABASE outbox_demo"
+# Quick retries for the demo, applied as an operator would: ALTER SYSTEM and a reload.
+"$PG_BIN/psql" "${psql_args[@]}" -q -c "ALTER SYSTEM SET outbox.backoff_base = '500ms'" -c "SELECT pg_reload_conf()" >/dev/null
+
+# The worker started before outbox_demo existed; the postmaster starts it again within 5 s.
+for _ in $(seq 1 40); do
+    workers=$("$PG_BIN/psql" "${psql_args[@]}" -At -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox_ext delivery worker' AND datname = 'outbox_demo'")
+    [ "$workers" = 1 ] && break
+    sleep 0.25
+done
+
+python3 examples/webhook_receiver.py --port "$receiver_port" --fail-first 2 >"$receiver_log" 2>&1 &
+receiver_pid=$!
+for _ in $(seq 1 40); do grep -q listening "$receiver_log" && break; sleep 0.1; done
+"$PG_BIN/psql" "${psql_args[@]}" -d outbox_demo --echo-queries -v receiver_url="http://127.0.0.1:$receiver_port/hooks" -f examples/demo.sql
+echo
+echo "== what the local webhook receiver got"
+cat "$receiver_log"
 if [ "${KEEP:-0}" = 1 ]; then
     echo "== still running: psql -h 127.0.0.1 -p $port -U postgres outbox_demo   (stop: scripts/cluster.sh stop $cluster)"
 fi

@@ -155,7 +155,13 @@ impl Worker {
                         self.set_state(WorkerState::Idle);
                         false
                     }
-                    Round::Delivered { claimed, batch_size } => claimed == batch_size,
+                    Round::Delivered { claimed, batch_size } => {
+                        let full = claimed == batch_size;
+                        if !full {
+                            self.set_state(WorkerState::Idle);
+                        }
+                        full
+                    }
                 }
             } else {
                 self.set_state(WorkerState::Disabled);

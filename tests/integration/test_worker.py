@@ -1,0 +1,338 @@
+"""The delivery worker end to end: a real local HTTP receiver, the worker inside the scratch
+cluster (preloaded, serving the test database), and the outcomes recorded in the outbox."""
+
+import json
+import os
+import signal
+import sys
+import time
+import pathlib
+from datetime import datetime, timezone
+
+import psycopg
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from conftest import connect
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+from webhook_receiver import Receiver  # noqa: E402
+
+# Fast retries and short timeouts for the worker while these tests run, applied the way an
+# operator would: ALTER SYSTEM and a reload (the worker's settings are SIGHUP).
+WORKER_SETTINGS = {
+    "outbox.backoff_base": "200ms",
+    "outbox.backoff_jitter": "0",
+    "outbox.max_attempts": "8",
+    "outbox.http_timeout": "1s",
+    "outbox.poll_interval": "200ms",
+    "outbox.worker_batch_size": "10",
+    "outbox.max_in_flight": "8",
+}
+
+
+def configure(settings: dict):
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        for name, value in settings.items():
+            admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        admin.execute("SELECT pg_reload_conf()")
+    time.sleep(0.5)  # the worker applies a reload at its next wake-up (at most a poll away)
+
+
+def eventually(check, timeout=20.0, interval=0.05, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def worker_pid(conn):
+    row = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_ext delivery worker' AND datname = current_database()"
+    ).fetchone()
+    return row and row[0]
+
+
+@pytest.fixture()
+def worker(db):
+    """The test database with the extension and a worker that serves it."""
+    configure(WORKER_SETTINGS)
+    eventually(lambda: worker_pid(db), what="the delivery worker")
+    # The worker notices a (re)created extension at its next poll.
+    eventually(
+        lambda: db.execute("SELECT state FROM outbox_worker_status()").fetchone() in [("idle",), ("delivering",)],
+        what="the worker to find the extension",
+    )
+    yield db
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM RESET ALL")
+        admin.execute("SELECT pg_reload_conf()")
+
+
+@pytest.fixture()
+def receiver():
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def message(conn, message_id):
+    return conn.execute(
+        "SELECT status, attempts, last_error, public_id::text FROM outbox WHERE id = %s", (message_id,)
+    ).fetchone()
+
+
+def enqueue(conn, topic="booking.created", payload=None):
+    with conn.transaction():
+        return conn.execute(
+            "SELECT id, public_id::text FROM outbox_enqueue(%s, %s::jsonb)",
+            (topic, json.dumps(payload or {"bookingId": 1})),
+        ).fetchone()
+
+
+def status_is(conn, message_id, status):
+    return lambda: message(conn, message_id)[0] == status
+
+
+def test_delivers_with_every_header_and_a_verifiable_signature(worker, receiver):
+    secret = worker.execute("SELECT outbox_generate_secret()").fetchone()[0]
+    worker.execute(
+        "SELECT outbox_subscribe('booking.created', %s, %s, '{\"X-Team\": \"7\"}')", (receiver.url, secret)
+    )
+    payload = {"bookingId": 42, "guestEmail": "ada@example.test", "total": "180.00"}
+    with worker.transaction():
+        worker.execute("CREATE TEMP TABLE bookings (id int)")  # the business change ...
+        worker.execute("INSERT INTO bookings VALUES (42)")
+        message_id, public_id = worker.execute(  # ... and the webhook it owes
+            "SELECT id, public_id::text FROM outbox_enqueue('booking.created', %s::jsonb)", (json.dumps(payload),)
+        ).fetchone()
+
+    [request] = receiver.wait_for(1)
+    headers = request["headers"]
+    assert headers["content-type"] == "application/json"
+    assert headers["webhook-id"] == public_id
+    assert abs(int(headers["webhook-timestamp"]) - time.time()) < 60
+    assert headers["outbox-topic"] == "booking.created"
+    assert headers["outbox-attempt"] == "1"
+    assert headers["x-team"] == "7"
+    assert json.loads(request["body"]) == payload
+    # An independent implementation (the standardwebhooks package) verifies the signature.
+    assert Webhook(secret).verify(request["body"], headers) == payload
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(request["body"].replace("42", "43"), headers)
+
+    eventually(status_is(worker, message_id, "DONE"), what="DONE")
+
+
+def test_a_503_then_a_200_is_delivered_on_the_retry(worker, receiver):
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    receiver.answer(503, body=b"upstream unavailable", headers={"Retry-After": "1"})
+    message_id, public_id = enqueue(worker)
+
+    first, second = receiver.wait_for(2)
+    assert [first["status"], second["status"]] == [503, 200]
+    assert first["headers"]["webhook-id"] == second["headers"]["webhook-id"] == public_id
+    assert [first["headers"]["outbox-attempt"], second["headers"]["outbox-attempt"]] == ["1", "2"]
+    # Retry-After: 1 was honoured (the configured backoff would have retried after 200 ms).
+    assert second["received_at"] - first["received_at"] >= 0.9
+    eventually(status_is(worker, message_id, "DONE"), what="DONE")
+    status, attempts, last_error, _ = message(worker, message_id)
+    assert attempts == 2 and last_error == "HTTP 503: upstream unavailable"
+
+
+def test_an_endpoint_that_always_fails_dead_letters_the_message(worker, receiver):
+    configure({"outbox.max_attempts": "3"})
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    receiver.answer_by_default(500, body=b"internal error: template missing " + b"x" * 5000)
+    message_id, _ = enqueue(worker)
+
+    eventually(status_is(worker, message_id, "DEAD"), what="DEAD")
+    status, attempts, last_error, _ = message(worker, message_id)
+    assert attempts == 3
+    assert last_error.startswith("HTTP 500: internal error: template missing")
+    assert len(last_error) < 300, "the response body is capped"
+    time.sleep(1)
+    assert len(receiver.requests) == 3, "a dead letter is not delivered again"
+
+
+def test_a_topic_nobody_subscribes_to_stays_pending_and_is_reported(worker, receiver):
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    assert worker.execute("SELECT topic, endpoints FROM outbox_topics()").fetchall() == [("booking.created", 1)]
+    orphan_id, _ = enqueue(worker, topic="invoice.paid")
+    delivered_id, _ = enqueue(worker)
+
+    eventually(status_is(worker, delivered_id, "DONE"), what="the subscribed message to be delivered")
+    time.sleep(1)
+    assert message(worker, orphan_id)[:3] == ("PENDING", 0, None), "no attempt used, never dead-lettered"
+    assert all(r["headers"]["outbox-topic"] == "booking.created" for r in receiver.requests)
+
+    log = pathlib.Path(os.environ["OUTBOX_TEST_SERVER_LOG"])
+    eventually(
+        lambda: 'no subscription for topic "invoice.paid"' in log.read_text(errors="replace"),
+        timeout=15,
+        what="the worker's warning about invoice.paid",
+    )
+    line = [l for l in log.read_text(errors="replace").splitlines() if '"invoice.paid"' in l][-1]
+    assert "WARNING" in line and "booking.created" in line, line
+
+
+def test_a_committed_enqueue_wakes_an_idle_worker(worker, receiver):
+    """With a 30 s poll interval only the wake-up at commit explains a prompt delivery."""
+    configure({"outbox.poll_interval": "30s"})
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    time.sleep(0.5)  # let the worker go idle on its long poll
+    latencies = []
+    for n in range(5):
+        enqueue(worker, payload={"n": n})
+        committed = time.time()
+        request = receiver.wait_for(n + 1, timeout=5)[-1]
+        latencies.append(request["received_at"] - committed)
+    assert max(latencies) < 2.0, latencies
+
+
+def test_a_reload_applies_the_worker_settings(worker, receiver):
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    configure({"outbox.worker_enabled": "off"})
+    eventually(lambda: worker.execute("SELECT state FROM outbox_worker_status()").fetchone()[0].startswith("disabled"))
+    message_id, _ = enqueue(worker)
+    time.sleep(1.5)
+    assert receiver.requests == [] and message(worker, message_id)[:2] == ("PENDING", 0)
+
+    configure({"outbox.worker_enabled": "on"})
+    eventually(status_is(worker, message_id, "DONE"), what="delivery after re-enabling")
+
+
+def test_a_slow_endpoint_is_cut_off_by_its_timeout(worker, receiver):
+    worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => interval '500 milliseconds')", (receiver.url,))
+    receiver.answer(200, delay=3)
+    message_id, _ = enqueue(worker)
+
+    eventually(lambda: message(worker, message_id)[2] is not None, what="the failed attempt to be recorded")
+    status, attempts, last_error, _ = message(worker, message_id)
+    assert last_error == "timeout after 500ms"
+    eventually(status_is(worker, message_id, "DONE"), what="the retry (answered at once) to succeed")
+
+
+def test_receiver_down_enqueues_keep_committing_and_the_backlog_drains(worker, receiver):
+    url = receiver.url
+    receiver.stop()  # the endpoint is down: connections are refused
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (url,))
+    started = time.monotonic()
+    ids = [enqueue(worker, payload={"n": n})[0] for n in range(200)]
+    elapsed = time.monotonic() - started
+    assert elapsed < 10, f"200 enqueue transactions took {elapsed:.1f}s while the endpoint was down"
+
+    eventually(
+        lambda: worker.execute("SELECT count(*) FROM outbox WHERE last_error = 'connection refused'").fetchone()[0] > 0,
+        what="failed attempts",
+    )
+    assert worker.execute("SELECT count(*) FROM outbox WHERE status = 'DEAD'").fetchone()[0] == 0
+
+    back = Receiver(port=receiver.port).start()  # the endpoint recovers on the same port
+    try:
+        eventually(
+            lambda: worker.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == len(ids),
+            timeout=60,
+            what="the backlog to drain",
+        )
+        delivered = {r["headers"]["webhook-id"] for r in back.requests}
+        expected = {row[0] for row in worker.execute("SELECT public_id::text FROM outbox")}
+        assert delivered == expected
+    finally:
+        back.stop()
+
+
+def test_sigterm_lets_the_deliveries_in_flight_finish_and_records_them(worker, receiver):
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    receiver.answer_by_default(200, delay=0.8)
+    with worker.transaction():  # one commit: one batch
+        worker.execute("SELECT outbox_enqueue('booking.created', jsonb_build_object('n', n)) FROM generate_series(1, 4) n")
+    receiver.wait_for(4, started=True)  # all four requests are in flight
+    pid = worker_pid(worker)
+    os.kill(pid, signal.SIGTERM)
+
+    eventually(lambda: worker_pid(worker) != pid, what="the worker to exit")
+    done = worker.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0]
+    assert done == 4, "the worker drained its batch and recorded it before exiting"
+    assert len(receiver.requests) == 4
+    # It is started again (restart time 5 s) and goes on serving.
+    eventually(lambda: worker_pid(worker), timeout=20, what="the worker to come back")
+
+
+def test_a_worker_killed_mid_batch_loses_nothing(worker, receiver):
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    receiver.answer_by_default(200, delay=0.05)
+    ids = [enqueue(worker, payload={"n": n})[0] for n in range(60)]
+    receiver.wait_for(15)
+    os.kill(worker_pid(worker), signal.SIGKILL)  # the postmaster resets the whole cluster
+
+    def all_done():
+        try:
+            with connect(autocommit=True) as conn:
+                return conn.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == len(ids)
+        except psycopg.OperationalError:
+            return False  # still recovering
+
+    eventually(all_done, timeout=90, interval=0.5, what="every message to be delivered after the crash")
+    with connect(autocommit=True) as conn:
+        expected = {row[0] for row in conn.execute("SELECT public_id::text FROM outbox")}
+    delivered = [r["headers"]["webhook-id"] for r in receiver.requests if r["status"] == 200]
+    assert set(delivered) >= expected, "nothing lost"
+    duplicates = len(delivered) - len(set(delivered))
+    assert duplicates <= 10 + 8, f"{duplicates} duplicates: more than one batch in flight"
+
+
+def test_only_administrators_manage_subscriptions(worker):
+    worker.execute("DROP ROLE IF EXISTS outbox_app")
+    worker.execute("CREATE ROLE outbox_app LOGIN")
+    worker.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/x', outbox_generate_secret())")
+    try:
+        with connect(user="outbox_app", autocommit=True) as app:
+            for statement in (
+                "SELECT outbox_subscribe('booking.created', 'https://evil.example.test/')",
+                "SELECT outbox_unsubscribe('booking.created')",
+                "SELECT secret FROM outbox_subscription",
+                "SELECT * FROM outbox_subscriptions",
+            ):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    app.execute(statement)
+            # Which topics are delivered is no secret.
+            assert app.execute("SELECT topic FROM outbox_topics()").fetchall() == [("booking.created",)]
+    finally:
+        worker.execute("DROP ROLE outbox_app")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://example.test/x", "file:///etc/passwd", "example.test/hook", "http://", "https://u:p@example.test/", "http://a b/"],
+)
+def test_subscriptions_refuse_urls_that_are_not_http_endpoints(db, url):
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+        db.execute("SELECT outbox_subscribe('booking.created', %s)", (url,))
+    assert "outbox_subscribe: url" in str(caught.value)
+    assert db.execute("SELECT count(*) FROM outbox_subscription").fetchone()[0] == 0
+
+
+def test_subscriptions_refuse_bad_secrets_headers_and_timeouts(db):
+    for args, needle in [
+        ("secret => 'hunter2'", "secret"),
+        ("headers => '{\"Webhook-Signature\": \"x\"}'", "headers"),
+        ("headers => '[1]'", "headers"),
+        ("timeout => interval '1 hour'", "timeout"),
+    ]:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            db.execute(f"SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', {args})")
+        assert f"outbox_subscribe: {needle}" in str(caught.value)
+
+
+def test_the_worker_is_visible(worker):
+    row = worker.execute(
+        "SELECT backend_type, application_name FROM pg_stat_activity WHERE pid = %s", (worker_pid(worker),)
+    ).fetchone()
+    assert row == ("outbox_ext delivery worker", "outbox_ext delivery worker")
+    status = worker.execute("SELECT database, pid, started_at <= now(), last_poll_at IS NOT NULL FROM outbox_worker_status()").fetchone()
+    assert status == ("outbox_integration", worker_pid(worker), True, True)
