@@ -38,6 +38,8 @@ const FIND_EXTENSION_SCHEMA: &str = include_str!("../../sql/worker/find_extensio
 const LOAD_SUBSCRIPTIONS: &str = include_str!("../../sql/worker/load_subscriptions.sql");
 const CLAIM: &str = include_str!("../../sql/worker/claim.sql");
 const UNSUBSCRIBED_TOPICS: &str = include_str!("../../sql/worker/unsubscribed_topics.sql");
+const SESSION_TIMEOUTS: &str =
+    "SELECT pg_catalog.set_config('lock_timeout', '10s', false), pg_catalog.set_config('statement_timeout', '60s', false)";
 const COMPLETE: &str = "SELECT outbox_complete($1, $2::uuid)";
 const FAIL: &str = "SELECT outbox_fail($1, $2, $3::uuid, $4)";
 
@@ -75,6 +77,12 @@ pub extern "C-unwind" fn outbox_worker_main(argument: pg_sys::Datum) {
     unsafe { pg_sys::pgstat_report_appname(c"outbox_ext delivery worker".as_ptr()) };
     registry::attach(slot);
     log!("outbox_ext: delivery worker started for database \"{database}\"");
+
+    // Every wait has a bound: a table locked by a long ALTER makes a round fail (logged), and
+    // the worker is started again after its restart time instead of hanging.
+    BackgroundWorker::transaction(|| {
+        Spi::run(SESSION_TIMEOUTS).expect("setting the worker's timeouts");
+    });
 
     let mut worker = Worker::new(slot, database);
     worker.run();

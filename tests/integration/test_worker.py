@@ -336,3 +336,21 @@ def test_the_worker_is_visible(worker):
     assert row == ("outbox_ext delivery worker", "outbox_ext delivery worker")
     status = worker.execute("SELECT database, pid, started_at <= now(), last_poll_at IS NOT NULL FROM outbox_worker_status()").fetchone()
     assert status == ("outbox_integration", worker_pid(worker), True, True)
+
+
+def test_without_the_extension_the_worker_waits_quietly(worker, receiver):
+    pid = worker_pid(worker)
+    log = pathlib.Path(os.environ["OUTBOX_TEST_SERVER_LOG"])
+    log_before = log.stat().st_size
+    worker.execute("DROP EXTENSION outbox_ext CASCADE")
+    time.sleep(3)  # fifteen polls
+    assert worker_pid(worker) == pid, "no crash, no restart"
+    written = log.read_text(errors="replace")[log_before:]
+    assert written.count("waits for CREATE EXTENSION outbox_ext") == 1, written
+    assert "ERROR" not in written, written
+
+    worker.execute("CREATE EXTENSION outbox_ext")
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    message_id, _ = enqueue(worker)
+    eventually(status_is(worker, message_id, "DONE"), what="delivery once the extension is back")
+    assert worker_pid(worker) == pid
