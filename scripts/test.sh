@@ -23,6 +23,8 @@ cargo pgrx test pg15 --runas postgres --pgdata "$scratch/pgrx/data"
 
 echo "== 2/3 build and install the extension"
 cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
+# Earlier versions' install scripts, for the upgrade tests (ALTER EXTENSION … UPDATE).
+cp sql/versions/outbox_ext--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 
 echo "== 3/3 integration tests and isolation specs against a scratch cluster"
 port=${OUTBOX_TEST_PORT:-54329}

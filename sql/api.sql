@@ -1,8 +1,11 @@
 -- The SQL API. Every function runs inside the caller's transaction and never commits: the
 -- caller's COMMIT is what makes the business change and the work it owes durable together.
 --
--- Bodies reference the extension's objects as @extschema@.name so that they resolve the same
--- way whatever the caller's search_path is. Arguments are checked before anything is written:
+-- The functions run with the extension owner's rights (SECURITY DEFINER), so a role granted
+-- outbox_producer or outbox_consumer needs no rights on the table (sql/privileges.sql). Their
+-- search_path is pinned to pg_catalog and they reference the extension's objects as
+-- @extschema@.name: nothing a caller puts on its search_path can stand in for an operator or
+-- a function they use. Arguments are checked before anything is written:
 -- NULL where a value is required is SQLSTATE 22004, a value out of range or ill-formed is 22023,
 -- a string too long for its column is 22001. Messages name the function and the argument.
 
@@ -13,7 +16,8 @@ CREATE FUNCTION outbox_enqueue(
     delay      interval DEFAULT '0',
     dedupe_key text     DEFAULT NULL
 ) RETURNS outbox
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -82,7 +86,8 @@ CREATE FUNCTION outbox_claim(
     topics     text[]   DEFAULT NULL,
     lease      interval DEFAULT '30 seconds'
 ) RETURNS SETOF outbox
-LANGUAGE plpgsql VOLATILE ROWS 10
+LANGUAGE plpgsql VOLATILE ROWS 10 SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -161,7 +166,8 @@ COMMENT ON FUNCTION outbox_claim(integer, text[], interval) IS
 
 -- complete: the message was handled.
 CREATE FUNCTION outbox_complete(id bigint, lease_token uuid DEFAULT NULL) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -184,7 +190,8 @@ COMMENT ON FUNCTION outbox_complete(bigint, uuid) IS
 
 -- complete, batch form: ids[i] is completed when lease_tokens[i] still holds it.
 CREATE FUNCTION outbox_complete(ids bigint[], lease_tokens uuid[] DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     completed integer;
@@ -227,7 +234,8 @@ CREATE FUNCTION outbox_fail(
     lease_token uuid     DEFAULT NULL,
     retry_in    interval DEFAULT NULL
 ) RETURNS text
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

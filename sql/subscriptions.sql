@@ -1,9 +1,8 @@
 -- Subscriptions: which endpoints the delivery worker sends each topic's messages to.
 --
 -- An endpoint is a place the server will send data to, and a secret signs what it sends, so
--- only administrators (superusers, or roles they grant these rights to) may manage or read
--- the table; everyone else sees the view outbox_subscriptions, which shows no secrets and
--- only the names of extra headers (they may carry credentials).
+-- only administrators may manage them (sql/privileges.sql). The view outbox_subscriptions
+-- shows no secrets and only the names of extra headers (they may carry credentials).
 CREATE TABLE outbox_subscription (
     id         bigserial   PRIMARY KEY,
     topic      varchar(64) NOT NULL CHECK (outbox_topic_is_valid(topic)),
@@ -16,7 +15,6 @@ CREATE TABLE outbox_subscription (
     created_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT outbox_subscription_topic_url_key UNIQUE (topic, url)
 );
-REVOKE ALL ON outbox_subscription FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('outbox_subscription', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox_subscription_id_seq', '');
 
@@ -25,7 +23,6 @@ SELECT id, topic, url, secret IS NOT NULL AS signed,
        ARRAY(SELECT jsonb_object_keys(headers) ORDER BY 1) AS header_names,
        timeout, enabled, created_at
   FROM outbox_subscription;
-REVOKE ALL ON outbox_subscriptions FROM PUBLIC;
 
 -- subscribe: add an endpoint for a topic, or change the one with the same (topic, url).
 CREATE FUNCTION outbox_subscribe(
@@ -36,7 +33,8 @@ CREATE FUNCTION outbox_subscribe(
     timeout interval DEFAULT NULL,
     enabled boolean  DEFAULT true
 ) RETURNS bigint
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -64,14 +62,14 @@ BEGIN
     RETURN subscription_id;
 END
 $$;
-REVOKE ALL ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean) FROM PUBLIC;
 
 COMMENT ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean) IS
 'Sends the topic''s messages to url (http or https), signed with secret (whsec_… form; see outbox_generate_secret()) when given, with extra headers and a per-endpoint timeout. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
 
 -- unsubscribe: stop sending a topic to one endpoint (or, without url, to all).
 CREATE FUNCTION outbox_unsubscribe(topic text, url text DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -85,7 +83,6 @@ BEGIN
     RETURN removed;
 END
 $$;
-REVOKE ALL ON FUNCTION outbox_unsubscribe(text, text) FROM PUBLIC;
 
 COMMENT ON FUNCTION outbox_unsubscribe(text, text) IS
 'Removes the subscription of topic to url, or all of the topic''s subscriptions when url is NULL. Returns how many were removed.';

@@ -27,6 +27,8 @@ extension_sql_file!(
     name = "outbox_subscriptions",
     requires = ["outbox_api", subscriptions::outbox_check_subscription]
 );
+// What each later version adds, in order: the same files serve ALTER EXTENSION … UPDATE.
+extension_sql_file!("../sql/outbox_ext--0.1.0--0.2.0.sql", name = "outbox_0_2_0", finalize);
 
 /// A time-ordered UUID (version 7): new ids land at the right edge of the unique index.
 #[pg_extern(volatile, parallel_safe)]

@@ -18,6 +18,7 @@ pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 pub static WORKER_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
 pub static MAX_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
+pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 
 pub fn register() {
     GucRegistry::define_int_guc(
@@ -123,6 +124,16 @@ pub fn register_worker(preloading: bool) {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"outbox.retention",
+        c"How long DONE messages are kept before the delivery worker purges them (0: never).",
+        c"DEAD messages are kept until requeued or discarded.",
+        &RETENTION_S,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
 }
 
 /// The databases named by `outbox.worker_databases`, trimmed, without empties or repeats.
@@ -145,6 +156,8 @@ pub struct WorkerSettings {
     pub batch_size: i32,
     pub max_in_flight: usize,
     pub http_timeout: Duration,
+    /// `None`: keep DONE messages forever.
+    pub retention: Option<Duration>,
 }
 
 pub fn worker_settings() -> WorkerSettings {
@@ -154,6 +167,10 @@ pub fn worker_settings() -> WorkerSettings {
         batch_size: WORKER_BATCH_SIZE.get(),
         max_in_flight: MAX_IN_FLIGHT.get() as usize,
         http_timeout: Duration::from_millis(HTTP_TIMEOUT_MS.get() as u64),
+        retention: match RETENTION_S.get() {
+            0 => None,
+            seconds => Some(Duration::from_secs(seconds as u64)),
+        },
     }
 }
 

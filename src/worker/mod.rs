@@ -31,6 +31,12 @@ use std::time::{Duration, Instant};
 const UNSUBSCRIBED_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// ... and how often, at most, it warns about the same topic.
 const UNSUBSCRIBED_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+/// How often the worker purges DONE messages older than `outbox.retention` ...
+const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+/// ... in transactions of at most this many rows ...
+const PURGE_BATCH_ROWS: i32 = 10_000;
+/// ... and at most this many of them per pass, so deliveries are not held up for long.
+const PURGE_BATCHES_PER_PASS: usize = 30;
 /// Added to twice a batch's worst-case delivery time to make its lease.
 const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
@@ -40,6 +46,7 @@ const CLAIM: &str = include_str!("../../sql/worker/claim.sql");
 const UNSUBSCRIBED_TOPICS: &str = include_str!("../../sql/worker/unsubscribed_topics.sql");
 const SESSION_TIMEOUTS: &str =
     "SELECT pg_catalog.set_config('lock_timeout', '10s', false), pg_catalog.set_config('statement_timeout', '60s', false)";
+const PURGE: &str = "SELECT outbox_purge($1, false, $2)";
 const COMPLETE: &str = "SELECT outbox_complete($1, $2::uuid)";
 const FAIL: &str = "SELECT outbox_fail($1, $2, $3::uuid, $4)";
 
@@ -124,6 +131,7 @@ struct Worker {
     said_waiting_for_extension: bool,
     last_unsubscribed_check: Option<Instant>,
     warned_about_topic: HashMap<String, Instant>,
+    last_purge: Option<Instant>,
 }
 
 impl Worker {
@@ -138,6 +146,7 @@ impl Worker {
             said_waiting_for_extension: false,
             last_unsubscribed_check: None,
             warned_about_topic: HashMap::new(),
+            last_purge: None,
         }
     }
 
@@ -175,6 +184,9 @@ impl Worker {
                 self.set_state(WorkerState::Disabled);
                 false
             };
+            if settings.enabled {
+                self.purge_if_due(&settings);
+            }
             if shutdown_requested() {
                 break;
             }
@@ -263,6 +275,35 @@ impl Worker {
             .collect()
         });
         Some((endpoints, batch))
+    }
+
+    /// Deletes DONE messages older than `outbox.retention`, at most once a minute (or once per
+    /// retention, when it is shorter), in short
+    /// transactions of bounded size.
+    fn purge_if_due(&mut self, settings: &WorkerSettings) {
+        let Some(retention) = settings.retention else { return };
+        // Purging more often than the retention would find nothing new.
+        let interval = PURGE_INTERVAL.min(retention.max(Duration::from_secs(1)));
+        if self.schema.is_none() || self.last_purge.is_some_and(|at| at.elapsed() < interval) {
+            return;
+        }
+        self.last_purge = Some(Instant::now());
+        let older_than = Interval::from_micros(retention.as_micros() as i64);
+        let mut purged_total = 0;
+        for _ in 0..PURGE_BATCHES_PER_PASS {
+            let purged = BackgroundWorker::transaction(|| {
+                Spi::get_one_with_args::<i64>(PURGE, &[older_than.into(), PURGE_BATCH_ROWS.into()])
+                    .expect("purging DONE messages")
+                    .unwrap_or(0)
+            });
+            purged_total += purged;
+            if purged < i64::from(PURGE_BATCH_ROWS) || shutdown_requested() {
+                break;
+            }
+        }
+        if purged_total > 0 {
+            log!("outbox_ext: purged {purged_total} DONE message(s) older than outbox.retention");
+        }
     }
 
     /// Logs the topics that have pending messages but no subscription, each at most once a

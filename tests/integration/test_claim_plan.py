@@ -9,7 +9,10 @@ from conftest import enqueue_many
 DONE_HISTORY = 200_000
 
 
-def claim_plan(conn):
+def plan_of(conn, statement, marker):
+    """The executed plan (JSON, with buffers) of the statement nested in `statement` whose
+    text contains `marker`, as auto_explain reports it. The statement runs in a transaction
+    that is rolled back."""
     notices = []
     conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
     conn.execute("LOAD 'auto_explain'")
@@ -23,13 +26,16 @@ def claim_plan(conn):
     }.items():
         conn.execute(f"SET {setting} = '{value}'")
     conn.execute("BEGIN")
-    claimed = conn.execute("SELECT id FROM outbox_claim(10)").fetchall()
+    conn.execute(statement).fetchall()
     conn.execute("ROLLBACK")
     conn.execute("SET auto_explain.log_min_duration = -1")
-    plans = [json.loads(n[n.index("{"):]) for n in notices if "SKIP LOCKED" in n]
-    assert len(plans) == 1, f"expected the claim query's plan among {len(notices)} notices"
-    assert len(claimed) == 10
+    plans = [json.loads(n[n.index("{"):]) for n in notices if marker in n and "{" in n]
+    assert len(plans) == 1, f"expected one plan containing {marker!r} among {len(notices)} notices"
     return plans[0]
+
+
+def claim_plan(conn):
+    return plan_of(conn, "SELECT id FROM outbox_claim(10)", "SKIP LOCKED")
 
 
 def nodes(plan):

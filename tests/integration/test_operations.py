@@ -1,0 +1,189 @@
+"""Operating it: the numbers (outbox_stats), dead letters (requeue, discard), housekeeping
+(outbox_purge and the worker's retention)."""
+
+import time
+
+import psycopg
+import pytest
+
+from conftest import enqueue_many
+from test_claim_plan import nodes, plan_of
+
+
+def stats(conn):
+    rows = conn.execute("SELECT * FROM outbox_stats()").fetchall()
+    columns = ["topic", "pending", "ready", "in_flight", "retrying", "dead", "oldest_ready_age",
+               "oldest_pending_age", "completed_last_minute"]
+    return {row[0]: dict(zip(columns, row)) for row in rows}
+
+
+def make_dead(conn, topic="booking.created", error="HTTP 500: boom"):
+    [message_id] = enqueue_many(conn, 1, topic)
+    # Make it the first in line, whatever else is pending.
+    conn.execute("UPDATE outbox SET available_at = clock_timestamp() - interval '1 day' WHERE id = %s", (message_id,))
+    conn.execute("SET outbox.max_attempts = 1")
+    token = conn.execute("SELECT lease_token FROM outbox_claim(1, ARRAY[%s])", (topic,)).fetchone()[0]
+    assert conn.execute("SELECT outbox_fail(%s, %s, %s)", (message_id, error, token)).fetchone()[0] == "DEAD"
+    conn.execute("RESET outbox.max_attempts")
+    return message_id
+
+
+def test_stats_count_every_state_per_topic_and_in_total(db):
+    ready_ids = enqueue_many(db, 3, "booking.created")
+    db.execute("UPDATE outbox SET available_at = clock_timestamp() - interval '90 seconds' WHERE id = %s", (ready_ids[0],))
+    db.execute("SELECT outbox_enqueue('booking.created', '{}', interval '1 hour')")  # pending, not ready
+    db.execute("SELECT * FROM outbox_claim(1, ARRAY['booking.created'])")  # in flight (the oldest)
+    retrying = enqueue_many(db, 1, "invoice.paid")[0]
+    token = db.execute("SELECT lease_token FROM outbox_claim(1, ARRAY['invoice.paid'])").fetchone()[0]
+    db.execute("SELECT outbox_fail(%s, 'HTTP 503', %s)", (retrying, token))
+    make_dead(db, "invoice.paid")
+    done = enqueue_many(db, 2, "invoice.paid")
+    db.execute("SELECT outbox_complete(%s::bigint[])", (done,))
+
+    by_topic = stats(db)
+    booking, invoice, total = by_topic["booking.created"], by_topic["invoice.paid"], by_topic[None]
+    assert (booking["pending"], booking["ready"], booking["in_flight"], booking["retrying"], booking["dead"]) == (4, 2, 1, 0, 0)
+    assert (invoice["pending"], invoice["ready"], invoice["in_flight"], invoice["retrying"], invoice["dead"]) == (1, 0, 0, 1, 1)
+    assert invoice["completed_last_minute"] == 2 and booking["completed_last_minute"] == 0
+    assert total["pending"] == 5 and total["dead"] == 1 and total["completed_last_minute"] == 2
+    # The oldest ready message became ready 90 s ago, but it is in flight now; the next one is new.
+    assert booking["oldest_ready_age"].total_seconds() < 30
+    assert booking["oldest_pending_age"].total_seconds() < 30
+    assert invoice["oldest_ready_age"] is None
+
+
+def test_stats_read_only_live_rows_through_indexes(db):
+    enqueue_many(db, 100)
+    make_dead(db)
+    db.execute(
+        """INSERT INTO outbox (topic, payload, status, attempts, processed_at)
+           SELECT 'booking.created', '{}', 'DONE', 1, now() - interval '1 hour' FROM generate_series(1, 300000)"""
+    )
+    db.execute("VACUUM ANALYZE outbox")
+    plan = plan_of(db, "SELECT * FROM outbox_stats()", "GROUPING SETS")["Plan"]
+    kinds = [n["Node Type"] for n in nodes(plan)]
+    assert "Seq Scan" not in kinds, kinds
+    touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    assert touched < 200, f"the statistics read {touched} pages with 300k DONE rows behind them"
+    assert stats(db)[None]["pending"] == 100
+
+
+def test_dead_letters_are_listed_requeued_and_discarded(db):
+    first = make_dead(db, "booking.created", "HTTP 500: template missing")
+    second = make_dead(db, "booking.created")
+    third = make_dead(db, "invoice.paid")
+    listed = db.execute("SELECT id, topic, attempts, last_error FROM outbox_dead_letters ORDER BY id").fetchall()
+    assert listed[0] == (first, "booking.created", 1, "HTTP 500: template missing")
+    assert len(listed) == 3
+
+    assert db.execute("SELECT outbox_requeue(%s)", (first,)).fetchone()[0] == 1
+    assert db.execute("SELECT outbox_requeue(%s)", (first,)).fetchone()[0] == 0, "no longer dead"
+    row = db.execute("SELECT status, attempts, processed_at, last_error FROM outbox WHERE id = %s", (first,)).fetchone()
+    assert row == ("PENDING", 0, None, "HTTP 500: template missing"), "a fresh start, the old error kept"
+    assert [r[0] for r in db.execute("SELECT id FROM outbox_claim(10)")] == [first]
+
+    assert db.execute("SELECT outbox_requeue('invoice.paid')").fetchone()[0] == 1
+    assert db.execute("SELECT outbox_discard(%s)", (second,)).fetchone()[0] == 1
+    assert db.execute("SELECT count(*) FROM outbox WHERE id = %s", (second,)).fetchone()[0] == 0
+    assert db.execute("SELECT outbox_discard(%s)", (third,)).fetchone()[0] == 0, "requeued: not dead any more"
+
+    make_dead(db, "a.b")
+    make_dead(db, "c.d")
+    assert db.execute("SELECT outbox_requeue_all()").fetchone()[0] == 2
+    make_dead(db, "e.f")
+    assert db.execute("SELECT outbox_discard_all()").fetchone()[0] == 1
+    assert db.execute("SELECT count(*) FROM outbox WHERE status = 'DEAD'").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    "call,sqlstate",
+    [
+        ("outbox_requeue(NULL::bigint)", "22004"),
+        ("outbox_requeue('not a topic')", "22023"),
+        ("outbox_discard(NULL::bigint)", "22004"),
+        ("outbox_purge(NULL)", "22004"),
+        ("outbox_purge(interval '-1 day')", "22023"),
+        ("outbox_purge(interval '1 day', NULL)", "22004"),
+        ("outbox_purge(interval '1 day', false, 0)", "22023"),
+    ],
+)
+def test_operations_refuse_bad_arguments(db, call, sqlstate):
+    with pytest.raises(psycopg.Error) as caught:
+        db.execute(f"SELECT {call}")
+    assert caught.value.sqlstate == sqlstate
+    assert caught.value.diag.message_primary.startswith(call.split("(")[0])
+
+
+def test_purge_deletes_old_finished_rows_in_bounded_batches(db):
+    db.execute(
+        """INSERT INTO outbox (topic, payload, status, attempts, processed_at)
+           SELECT 'booking.created', '{}', 'DONE', 1, now() - interval '8 days' FROM generate_series(1, 2500)"""
+    )
+    db.execute(
+        """INSERT INTO outbox (topic, payload, status, attempts, processed_at)
+           SELECT 'booking.created', '{}', 'DONE', 1, now() - interval '1 day' FROM generate_series(1, 10)"""
+    )
+    old_dead = make_dead(db)
+    db.execute("UPDATE outbox SET processed_at = now() - interval '30 days' WHERE id = %s", (old_dead,))
+    enqueue_many(db, 5)
+
+    assert db.execute("SELECT outbox_purge(interval '7 days', max_rows => 1000)").fetchone()[0] == 1000
+    assert db.execute("SELECT outbox_purge(interval '7 days', max_rows => 1000)").fetchone()[0] == 1000
+    assert db.execute("SELECT outbox_purge(interval '7 days', max_rows => 1000)").fetchone()[0] == 500
+    assert db.execute("SELECT outbox_purge(interval '7 days')").fetchone()[0] == 0
+    counts = dict(db.execute("SELECT status, count(*) FROM outbox GROUP BY status").fetchall())
+    assert counts == {"DONE": 10, "DEAD": 1, "PENDING": 5}, "recent DONE, dead letters and pending stay"
+
+    assert db.execute("SELECT outbox_purge(interval '7 days', include_dead => true)").fetchone()[0] == 1
+    assert db.execute("SELECT count(*) FROM outbox WHERE status = 'DEAD'").fetchone()[0] == 0
+
+
+def test_the_worker_purges_done_rows_past_the_retention(db):
+    from test_worker import configure, eventually
+
+    db.execute(
+        """INSERT INTO outbox (topic, payload, status, attempts, processed_at)
+           SELECT 'booking.created', '{}', 'DONE', 1, now() - interval '1 hour' FROM generate_series(1, 50)"""
+    )
+    enqueue_many(db, 3)
+    try:
+        configure({"outbox.retention": "2s"})
+        eventually(
+            lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 0,
+            timeout=90,
+            what="the worker's purge",
+        )
+        assert db.execute("SELECT count(*) FROM outbox WHERE status = 'PENDING'").fetchone()[0] == 3
+    finally:
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM RESET outbox.retention")
+            admin.execute("SELECT pg_reload_conf()")
+
+
+def test_the_exporter_queries_run_for_a_monitoring_role(db):
+    """examples/monitoring/postgres_exporter_queries.yaml works as a pg_monitor member and
+    yields every metric it declares."""
+    import pathlib
+
+    import yaml
+
+    from conftest import connect
+
+    queries = yaml.safe_load(
+        (pathlib.Path(__file__).resolve().parents[2] / "examples/monitoring/postgres_exporter_queries.yaml").read_text()
+    )
+    enqueue_many(db, 3)
+    make_dead(db, "invoice.paid")
+    db.execute("DROP ROLE IF EXISTS exporter")
+    db.execute("CREATE ROLE exporter LOGIN IN ROLE pg_monitor")
+    try:
+        with connect(user="exporter", autocommit=True) as exporter:
+            for name, spec in queries.items():
+                cursor = exporter.execute(spec["query"])
+                columns = [c.name for c in cursor.description]
+                assert columns == [next(iter(m)) for m in spec["metrics"]], name
+                rows = {row[0]: dict(zip(columns, row)) for row in cursor.fetchall()}
+                assert rows["(all)"]["pending"] == 3 and rows["(all)"]["dead"] == 1
+                assert rows["invoice.paid"]["dead"] == 1
+    finally:
+        db.execute("DROP ROLE exporter")
