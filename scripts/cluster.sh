@@ -6,7 +6,8 @@
 #   scripts/cluster.sh stop DIR         stop (fast) if running
 #
 # The cluster preloads outbox_ext, so its delivery worker runs for the databases named in
-# OUTBOX_WORKER_DATABASES (default: none).
+# OUTBOX_WORKER_DATABASES (default: none). OUTBOX_CLUSTER_CONF holds extra postgresql.conf
+# lines, which override the defaults below (the benchmark turns fsync back on).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -30,6 +31,7 @@ max_connections = 100
 log_min_messages = warning
 shared_preload_libraries = 'outbox_ext'
 outbox.worker_databases = '${OUTBOX_WORKER_DATABASES:-}'
+${OUTBOX_CLUSTER_CONF:-}
 CONF
     fi
     as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null

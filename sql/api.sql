@@ -10,7 +10,7 @@
 -- a string too long for its column is 22001. Messages name the function and the argument.
 
 -- enqueue: record a message in the caller's transaction.
-CREATE FUNCTION outbox_enqueue(
+CREATE OR REPLACE FUNCTION outbox_enqueue(
     topic      text,
     payload    jsonb,
     delay      interval DEFAULT '0',
@@ -23,7 +23,11 @@ AS $$
 DECLARE
     message @extschema@.outbox;
 BEGIN
-    PERFORM @extschema@.outbox_check_topic('outbox_enqueue', 'topic', outbox_enqueue.topic);
+    -- The check is a cheap expression; the function that explains what is wrong runs only
+    -- when something is.
+    IF outbox_enqueue.topic IS NULL OR NOT @extschema@.outbox_topic_is_valid(outbox_enqueue.topic) THEN
+        PERFORM @extschema@.outbox_check_topic('outbox_enqueue', 'topic', outbox_enqueue.topic);
+    END IF;
     IF outbox_enqueue.payload IS NULL THEN
         RAISE EXCEPTION 'outbox_enqueue: payload must not be NULL'
             USING ERRCODE = 'null_value_not_allowed', HINT = 'Use ''{}''::jsonb for an empty payload.';
@@ -80,8 +84,60 @@ $$;
 COMMENT ON FUNCTION outbox_enqueue(text, jsonb, interval, text) IS
 'Records a message in the caller''s transaction (never commits). delay schedules it for later; a dedupe_key already present returns the existing message instead of a second one.';
 
+-- enqueue, batch form: many messages of one topic in one statement.
+CREATE OR REPLACE FUNCTION outbox_enqueue_batch(
+    topic    text,
+    payloads jsonb[],
+    delay    interval DEFAULT '0'
+) RETURNS SETOF outbox
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM @extschema@.outbox_check_topic('outbox_enqueue_batch', 'topic', outbox_enqueue_batch.topic);
+    IF outbox_enqueue_batch.payloads IS NULL THEN
+        RAISE EXCEPTION 'outbox_enqueue_batch: payloads must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF array_position(outbox_enqueue_batch.payloads, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox_enqueue_batch: payloads must not contain NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF outbox_enqueue_batch.delay IS NULL OR outbox_enqueue_batch.delay < interval '0' THEN
+        RAISE EXCEPTION 'outbox_enqueue_batch: delay must be zero or positive, got %', coalesce(outbox_enqueue_batch.delay::text, 'NULL')
+            USING ERRCODE = CASE WHEN outbox_enqueue_batch.delay IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END;
+    END IF;
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
+
+    RETURN QUERY
+    INSERT INTO @extschema@.outbox (topic, payload, available_at)
+    SELECT outbox_enqueue_batch.topic, p.payload, clock_timestamp() + outbox_enqueue_batch.delay
+      FROM unnest(outbox_enqueue_batch.payloads) WITH ORDINALITY AS p(payload, n)
+     ORDER BY p.n
+    RETURNING *;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_enqueue_batch(text, jsonb[], interval) IS
+'Records one message per payload, in order, in the caller''s transaction (never commits); returns the new rows.';
+
+-- Why claim dead-letters a message instead of delivering it: out of attempts without an
+-- outcome, because the last consumer's lease ran out (it crashed or hung), or because
+-- outbox.max_attempts was lowered.
+CREATE OR REPLACE FUNCTION outbox_exhausted_error(attempts integer, max_attempts integer, lease_token uuid, last_error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE
+           WHEN lease_token IS NOT NULL THEN
+               format('lease expired without an outcome after %s deliveries (did the consumer crash?)', attempts)
+           ELSE
+               format('attempts (%s) reached outbox.max_attempts (%s)', attempts, max_attempts)
+       END || coalesce('; last error: ' || last_error, '');
+
 -- claim: take up to batch_size ready messages, skipping rows other consumers hold.
-CREATE FUNCTION outbox_claim(
+CREATE OR REPLACE FUNCTION outbox_claim(
     batch_size integer  DEFAULT 10,
     topics     text[]   DEFAULT NULL,
     lease      interval DEFAULT '30 seconds'
@@ -110,16 +166,42 @@ BEGIN
             PERFORM @extschema@.outbox_check_topic('outbox_claim', 'topics', wanted_topic);
         END LOOP;
     END IF;
-    IF outbox_claim.lease IS NULL THEN
-        RAISE EXCEPTION 'outbox_claim: lease must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
     IF outbox_claim.lease <= interval '0' THEN
         RAISE EXCEPTION 'outbox_claim: lease must be positive, got %', outbox_claim.lease
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     max_attempts := @extschema@.outbox_max_attempts();
+
+    IF outbox_claim.lease IS NULL THEN
+        -- No lease: the rows stay locked until the caller's transaction ends, and nothing is
+        -- written. The caller completes or fails them in that transaction (outbox_fail counts
+        -- the attempt); if it rolls back or dies, they are as if never claimed.
+        RETURN QUERY
+        WITH ready AS (
+            SELECT o AS message
+              FROM @extschema@.outbox o
+             WHERE o.status = 'PENDING'
+               AND o.available_at <= claimed_at
+               AND (outbox_claim.topics IS NULL OR o.topic = ANY (outbox_claim.topics))
+             ORDER BY o.available_at, o.id
+             LIMIT outbox_claim.batch_size
+               FOR UPDATE SKIP LOCKED
+        ),
+        exhausted AS (
+            UPDATE @extschema@.outbox o
+               SET status = 'DEAD',
+                   processed_at = claimed_at,
+                   lease_token = NULL,
+                   last_error = @extschema@.outbox_exhausted_error(o.attempts, max_attempts, o.lease_token, o.last_error)
+              FROM ready
+             WHERE o.id = (ready.message).id AND (ready.message).attempts >= max_attempts
+        )
+        SELECT (ready.message).* FROM ready
+         WHERE (ready.message).attempts < max_attempts
+         ORDER BY (ready.message).available_at, (ready.message).id;
+        RETURN;
+    END IF;
 
     RETURN QUERY
     WITH ready AS (
@@ -132,19 +214,13 @@ BEGIN
          LIMIT outbox_claim.batch_size
            FOR UPDATE SKIP LOCKED
     ),
-    -- Out of attempts without an outcome: the last consumer's lease ran out (it crashed or
-    -- hung), or outbox.max_attempts was lowered. Dead-letter instead of delivering again.
+    -- Out of attempts without an outcome: dead-letter instead of delivering again.
     exhausted AS (
         UPDATE @extschema@.outbox o
            SET status = 'DEAD',
                processed_at = claimed_at,
                lease_token = NULL,
-               last_error = CASE
-                   WHEN o.lease_token IS NOT NULL THEN
-                       format('lease expired without an outcome after %s deliveries (did the consumer crash?)', o.attempts)
-                   ELSE
-                       format('attempts (%s) reached outbox.max_attempts (%s)', o.attempts, max_attempts)
-               END || coalesce('; last error: ' || o.last_error, '')
+               last_error = @extschema@.outbox_exhausted_error(o.attempts, max_attempts, o.lease_token, o.last_error)
           FROM ready
          WHERE o.id = ready.id AND ready.attempts >= max_attempts
     ),
@@ -162,10 +238,10 @@ END
 $$;
 
 COMMENT ON FUNCTION outbox_claim(integer, text[], interval) IS
-'Claims up to batch_size ready PENDING messages (of the given topics, or all), oldest-ready first, with FOR UPDATE SKIP LOCKED. Each claim is a delivery: attempts += 1, a new lease_token, and available_at = clock + lease.';
+'Claims up to batch_size ready PENDING messages (of the given topics, or all), oldest-ready first, with FOR UPDATE SKIP LOCKED. With a lease, each claim is a delivery: attempts += 1, a new lease_token, and available_at = clock + lease. With lease NULL the rows are only locked until the caller''s transaction ends.';
 
 -- complete: the message was handled.
-CREATE FUNCTION outbox_complete(id bigint, lease_token uuid DEFAULT NULL) RETURNS boolean
+CREATE OR REPLACE FUNCTION outbox_complete(id bigint, lease_token uuid DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -189,7 +265,7 @@ COMMENT ON FUNCTION outbox_complete(bigint, uuid) IS
 'Marks a PENDING message DONE. True when this call completed it; false when the caller no longer holds it (already done or dead, or re-claimed by another consumer so lease_token is stale). Without a lease_token any PENDING message is completed.';
 
 -- complete, batch form: ids[i] is completed when lease_tokens[i] still holds it.
-CREATE FUNCTION outbox_complete(ids bigint[], lease_tokens uuid[] DEFAULT NULL) RETURNS integer
+CREATE OR REPLACE FUNCTION outbox_complete(ids bigint[], lease_tokens uuid[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -228,7 +304,7 @@ COMMENT ON FUNCTION outbox_complete(bigint[], uuid[]) IS
 'Batch form of outbox_complete: returns how many of the messages this call completed.';
 
 -- fail: the attempt failed; retry later or, out of attempts, dead-letter.
-CREATE FUNCTION outbox_fail(
+CREATE OR REPLACE FUNCTION outbox_fail(
     id          bigint,
     error       text,
     lease_token uuid     DEFAULT NULL,
@@ -257,12 +333,16 @@ BEGIN
 
     max_attempts := @extschema@.outbox_max_attempts();
 
+    -- A claim with a lease counted this attempt already (and left its token on the row); one
+    -- without (lease NULL), or a failure recorded without any claim, is counted here: that is
+    -- the (lease_token IS NULL)::integer.
     UPDATE @extschema@.outbox o
-       SET status = CASE WHEN o.attempts >= max_attempts THEN 'DEAD' ELSE 'PENDING' END,
-           processed_at = CASE WHEN o.attempts >= max_attempts THEN clock_timestamp() END,
+       SET attempts = o.attempts + (o.lease_token IS NULL)::integer,
+           status = CASE WHEN o.attempts + (o.lease_token IS NULL)::integer >= max_attempts THEN 'DEAD' ELSE 'PENDING' END,
+           processed_at = CASE WHEN o.attempts + (o.lease_token IS NULL)::integer >= max_attempts THEN clock_timestamp() END,
            available_at = CASE
-               WHEN o.attempts >= max_attempts THEN o.available_at
-               ELSE clock_timestamp() + coalesce(outbox_fail.retry_in, @extschema@.outbox_backoff(o.attempts))
+               WHEN o.attempts + (o.lease_token IS NULL)::integer >= max_attempts THEN o.available_at
+               ELSE clock_timestamp() + coalesce(outbox_fail.retry_in, @extschema@.outbox_backoff(o.attempts + (o.lease_token IS NULL)::integer))
            END,
            -- Errors are kept whole up to 4 kB: enough to diagnose, bounded so that a
            -- consumer failing with a huge message cannot bloat the table.

@@ -27,8 +27,8 @@ extension_sql_file!(
     name = "outbox_subscriptions",
     requires = ["outbox_api", subscriptions::outbox_check_subscription]
 );
-// What each later version adds, in order: the same files serve ALTER EXTENSION … UPDATE.
-extension_sql_file!("../sql/outbox_ext--0.1.0--0.2.0.sql", name = "outbox_0_2_0", finalize);
+extension_sql_file!("../sql/operations.sql", name = "outbox_operations", requires = ["outbox_subscriptions"]);
+extension_sql_file!("../sql/privileges.sql", name = "outbox_privileges", finalize);
 
 /// A time-ordered UUID (version 7): new ids land at the right edge of the unique index.
 #[pg_extern(volatile, parallel_safe)]
@@ -253,6 +253,48 @@ mod tests {
         let id: i64 = one("SELECT (outbox_enqueue('booking.created', '{}')).id");
         run(&format!("SELECT outbox_fail({id}, repeat('x', 100000))"));
         assert_eq!(one::<i32>(&format!("SELECT length(last_error) FROM outbox WHERE id = {id}")), 4096);
+    }
+
+    #[pg_test]
+    fn batch_enqueue_keeps_the_order_of_its_payloads() {
+        let ns: Vec<i32> = Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT (payload->>'n')::int FROM outbox_enqueue_batch('booking.created', \
+                       ARRAY(SELECT jsonb_build_object('n', n) FROM generate_series(1, 50) n)) ORDER BY id",
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .map(|row| row.get::<i32>(1).unwrap().unwrap())
+                .collect()
+        });
+        assert_eq!(ns, (1..=50).collect::<Vec<_>>());
+        assert_eq!(one::<i64>("SELECT count(DISTINCT public_id) FROM outbox WHERE status = 'PENDING'"), 50);
+    }
+
+    #[pg_test]
+    fn a_claim_without_lease_only_locks_and_fail_counts_the_attempt() {
+        run("SET outbox.backoff_jitter = 0");
+        run("SET outbox.max_attempts = 2");
+        let id: i64 = one("SELECT (outbox_enqueue('booking.created', '{}')).id");
+        let before: String = one(&format!("SELECT row_to_json(o)::text FROM outbox o WHERE id = {id}"));
+        let (claimed, token_is_null): (i64, bool) =
+            Spi::get_two("SELECT id, lease_token IS NULL FROM outbox_claim(10, lease => NULL)")
+                .map(|(a, b)| (a.unwrap(), b.unwrap()))
+                .unwrap();
+        assert_eq!(claimed, id);
+        assert!(token_is_null);
+        let after: String = one(&format!("SELECT row_to_json(o)::text FROM outbox o WHERE id = {id}"));
+        assert_eq!(before, after, "nothing written by a claim without lease");
+
+        assert_eq!(one::<String>(&format!("SELECT outbox_fail({id}, 'smtp 451')")), "PENDING");
+        assert_eq!(one::<i32>(&format!("SELECT attempts FROM outbox WHERE id = {id}")), 1);
+        assert_eq!(seconds_until_ready(id).round() as i64, 2);
+        make_ready(id);
+        assert_eq!(one::<i64>(&format!("SELECT count(*) FROM outbox_claim(10, lease => NULL) WHERE id = {id}")), 1);
+        assert_eq!(one::<String>(&format!("SELECT outbox_fail({id}, 'smtp 550')")), "DEAD");
+        assert_eq!(one::<i32>(&format!("SELECT attempts FROM outbox WHERE id = {id}")), 2);
     }
 
     #[pg_test(error = "outbox_enqueue: topic \"booking created\" is not a valid event name")]

@@ -48,6 +48,14 @@ def claim_and_complete_in_one_transaction(conn):
     return done
 
 
+def claim_without_lease_and_complete(conn):
+    """Lock-only claims: nothing is written until the outcome, in the same transaction."""
+    ids = [r[0] for r in conn.execute("SELECT id FROM outbox_claim(50, lease => NULL)").fetchall()]
+    assert conn.execute("SELECT outbox_complete(%s::bigint[])", (ids,)).fetchone()[0] == len(ids)
+    conn.commit()
+    return ids
+
+
 def claim_then_complete_later(conn):
     """Lease style: commit the claim, handle outside any transaction, complete in a second one."""
     rows = conn.execute("SELECT id, lease_token FROM outbox_claim(50, lease => '5 minutes')").fetchall()
@@ -76,3 +84,12 @@ def test_eight_consumers_drain_in_single_transactions(db):
 def test_eight_consumers_drain_with_leases(db):
     ids = enqueue_many(db, MESSAGES)
     assert_exactly_once(db, drain(claim_then_complete_later), ids)
+
+
+def test_eight_consumers_drain_with_claims_without_lease(db):
+    ids = enqueue_many(db, MESSAGES)
+    completed = drain(claim_without_lease_and_complete)
+    assert sorted(completed) == sorted(ids)
+    assert max(completed.values()) == 1
+    # Nothing but the outcome was written: attempts counts failures only in this style.
+    assert db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE' AND attempts = 0").fetchone()[0] == len(ids)

@@ -17,6 +17,7 @@ ROLES = {
 # (statement, roles that may run it)
 ABILITIES = [
     ("SELECT id FROM outbox_enqueue('booking.created', '{}')", {"app_producer", "app_admin"}),
+    ("SELECT id FROM outbox_enqueue_batch('booking.created', ARRAY['{}'::jsonb])", {"app_producer", "app_admin"}),
     ("SELECT id FROM outbox_claim(10)", {"app_consumer", "app_admin"}),
     ("SELECT outbox_complete(1)", {"app_consumer", "app_admin"}),
     ("SELECT outbox_complete(ARRAY[1]::bigint[])", {"app_consumer", "app_admin"}),

@@ -59,3 +59,18 @@ def test_without_skip_locked_the_second_consumer_would_block(db):
         elapsed = time.perf_counter() - started
         assert elapsed >= 1.4, f"plain FOR UPDATE returned after {elapsed:.2f}s instead of waiting"
         worker_a.rollback()
+
+
+def test_claims_without_lease_skip_locked_rows_too(db):
+    ids = enqueue_many(db, 30)
+    with connect() as worker_a, connect() as worker_b:
+        claimed_a = [r[0] for r in worker_a.execute("SELECT id FROM outbox_claim(20, lease => NULL)")]
+        worker_b.execute("SET lock_timeout = '5s'")
+        started = time.perf_counter()
+        claimed_b = [r[0] for r in worker_b.execute("SELECT id FROM outbox_claim(20, lease => NULL)")]
+        elapsed = time.perf_counter() - started
+        assert claimed_a == ids[:20] and claimed_b == ids[20:]
+        assert elapsed < 1.0, f"worker B blocked for {elapsed:.2f}s"
+        worker_a.rollback()  # A gives its rows back at once, untouched
+        worker_b.commit()
+    assert [r[0] for r in db.execute("SELECT id FROM outbox_claim(30, lease => NULL)")] == ids

@@ -1,0 +1,566 @@
+#!/usr/bin/env python3
+"""outbox_ext's benchmark harness. Run it through bench/run.sh, which builds and installs the
+extension first.
+
+It starts its own scratch cluster (127.0.0.1, durable settings) and an nginx receiver, measures
+outbox_ext side by side with a reference in the same run, writes bench/results/latest.md and
+latest.png, and cleans up. Every headline figure is a ratio against its reference, because
+absolute numbers drift on a shared 2-core machine.
+
+  --smoke    seconds instead of minutes: proves the harness still works (the test command runs it)
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+
+import psycopg
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+PG_BIN = pathlib.Path("/usr/lib/postgresql/15/bin")
+DATABASE = "outbox_bench"
+PAYLOAD = json.dumps(
+    {
+        "bookingId": "5f0c6a53-2f7e-4a8e-9a3e-0d4c1c1f2b11",
+        "guestEmail": "ada.lovelace@example.test",
+        "propertyTitle": "Sea view loft",
+        "checkIn": "2026-12-01",
+        "checkOut": "2026-12-05",
+        "total": "640.00",
+        "idempotencyKey": "booking-created:5f0c6a53",
+    },
+    separators=(",", ":"),
+)
+
+CLUSTER_CONF = """
+fsync = on
+synchronous_commit = on
+shared_buffers = 512MB
+max_wal_size = 4GB
+checkpoint_timeout = 15min
+max_connections = 100
+outbox.worker_databases = 'outbox_bench'
+outbox.worker_batch_size = 100
+"""
+
+REFERENCE_TABLES = """
+DROP TABLE IF EXISTS plain_queue, essay_outbox;
+CREATE TABLE plain_queue (id bigserial PRIMARY KEY, payload jsonb NOT NULL);
+-- The essay's table, verbatim, with its index.
+CREATE TABLE essay_outbox (
+    id           BIGSERIAL PRIMARY KEY,
+    public_id    UUID        NOT NULL UNIQUE,
+    topic        VARCHAR(64) NOT NULL,
+    payload      JSONB       NOT NULL,
+    status       VARCHAR(16) NOT NULL,
+    attempts     INTEGER     NOT NULL DEFAULT 0,
+    available_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    processed_at TIMESTAMPTZ,
+    last_error   TEXT,
+    created_at   TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE INDEX ix_outbox_pending ON essay_outbox (status, available_at);
+"""
+
+
+class Settings:
+    def __init__(self, smoke: bool):
+        self.smoke = smoke
+        self.enqueue_seconds = 3 if smoke else 15
+        self.enqueue_rounds = 1 if smoke else 2
+        self.drain_seconds = 2 if smoke else 8
+        self.drain_backlog = 20_000 if smoke else 500_000
+        self.drain_points = [(1, 20), (4, 100)] if smoke else [(c, b) for c in (1, 4, 8) for b in (1, 20, 100)]
+        self.history_rows = 20_000 if smoke else 2_000_000
+        self.flat_seconds = 2 if smoke else 10
+        self.long_txn_phases = (3, 4, 3) if smoke else (30, 60, 30)
+        self.long_txn_rate = 300 if smoke else 1000
+        self.delivery_messages = 2_000 if smoke else 20_000
+        self.delivery_in_flight = [8] if smoke else [1, 8, 32]
+        self.generator_seconds = 2 if smoke else 8
+        self.latency_messages = 20 if smoke else 300
+
+
+# --------------------------------------------------------------------------------------------
+# Processes: the cluster and the receiver
+# --------------------------------------------------------------------------------------------
+
+
+class Cluster:
+    def __init__(self, port: int):
+        self.port = port
+        self.dir = tempfile.mkdtemp(prefix="outbox_ext-bench.")
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres")
+
+    def start(self):
+        env = dict(os.environ, OUTBOX_WORKER_DATABASES=DATABASE, OUTBOX_CLUSTER_CONF=CLUSTER_CONF)
+        subprocess.run([ROOT / "scripts/cluster.sh", "start", self.dir, str(self.port)], check=True, env=env)
+        os.environ.update(PGHOST="127.0.0.1", PGPORT=str(self.port), PGUSER="postgres")
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+            admin.execute(f"CREATE DATABASE {DATABASE}")
+        with self.connect() as conn:
+            conn.execute("CREATE EXTENSION outbox_ext")
+            conn.execute(REFERENCE_TABLES)
+
+    def stop(self):
+        subprocess.run([ROOT / "scripts/cluster.sh", "stop", self.dir], check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def connect(self, **kwargs):
+        return psycopg.connect(dbname=DATABASE, autocommit=True, **kwargs)
+
+    def configure(self, **settings):
+        """ALTER SYSTEM + reload: how the worker's settings are changed."""
+        with self.connect() as conn:
+            for name, value in settings.items():
+                conn.execute(f"ALTER SYSTEM SET outbox.{name} = '{value}'")
+            conn.execute("SELECT pg_reload_conf()")
+        time.sleep(1.2)  # an idle worker applies a reload at its next poll (1 s)
+
+
+class Nginx:
+    """A receiver that answers 200 at once and logs each request's webhook-id and arrival."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="outbox_ext-nginx."))
+        self.dir.chmod(0o777)
+        self.log = self.dir / "access.log"
+        (self.dir / "nginx.conf").write_text(
+            f"""
+daemon off;
+worker_processes 1;
+pid {self.dir}/nginx.pid;
+error_log {self.dir}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+    log_format hooks '$http_webhook_id $msec';
+    access_log {self.log} hooks buffer=64k flush=100ms;
+    client_body_temp_path {self.dir}/body;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port};
+        location /hook {{ return 200 "ok"; }}
+    }}
+}}
+"""
+        )
+        self.process = None
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def start(self):
+        self.process = subprocess.Popen(["nginx", "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir)])
+        deadline = time.monotonic() + 10
+        while not (self.dir / "nginx.pid").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("nginx did not start: " + (self.dir / "error.log").read_text())
+            time.sleep(0.05)
+
+    def arrivals(self):
+        """webhook-id -> first arrival time (seconds since the epoch)."""
+        seen = {}
+        if self.log.exists():
+            for line in self.log.read_text().splitlines():
+                hook_id, _, at = line.partition(" ")
+                if hook_id != "-":
+                    seen.setdefault(hook_id, float(at))
+        return seen
+
+    def stop(self):
+        if self.process:
+            self.process.terminate()
+            self.process.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------------------------
+
+
+def pgbench(script: str, clients: int, seconds: int, variables=None, options: str = "", rate=None):
+    """Runs one pgbench script; returns (transactions per second, mean latency in ms)."""
+    command = [PG_BIN / "pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds),
+               "-f", BENCH / "pgbench" / script, "-D", f"payload={PAYLOAD}"]
+    for name, value in (variables or {}).items():
+        command += ["-D", f"{name}={value}"]
+    if rate:
+        command += ["-R", str(rate)]
+    command.append(DATABASE)
+    env = dict(os.environ, PGOPTIONS=options)
+    run = subprocess.run(command, capture_output=True, text=True, env=env)
+    if run.returncode != 0:
+        raise RuntimeError(f"pgbench {script} failed:\n{run.stdout}\n{run.stderr}")
+    output = run.stdout
+    tps = float(re.search(r"tps = ([\d.]+)", output).group(1))
+    latency = float(re.search(r"latency average = ([\d.]+) ms", output).group(1))
+    return tps, latency
+
+
+def enqueue_cost(cluster, s):
+    """1. outbox_enqueue vs a plain INSERT (and the essay's insert, and the batch path), 8 clients."""
+    targets = (("plain", "plain_queue", 1), ("essay", "essay_outbox", 1), ("outbox", "outbox", 1),
+               ("outbox_batch", "outbox", 10))
+    rows = []
+    for synchronous_commit in ("on", "off"):
+        rates = {name: [] for name, _, _ in targets}
+        for _ in range(s.enqueue_rounds):
+            for name, table, per_statement in targets:
+                with cluster.connect() as conn:
+                    conn.execute(f"TRUNCATE {table}")
+                    conn.execute("CHECKPOINT")
+                tps = pgbench(f"enqueue_{name}.sql", 8, s.enqueue_seconds, options=f"-c synchronous_commit={synchronous_commit}")[0]
+                rates[name].append(tps * per_statement)
+        median = {k: statistics.median(v) for k, v in rates.items()}
+        rows.append({
+            "synchronous_commit": synchronous_commit,
+            "plain_per_s": median["plain"],
+            "essay_per_s": median["essay"],
+            "outbox_per_s": median["outbox"],
+            "batch_per_s": median["outbox_batch"],
+            "ratio": median["outbox"] / median["plain"],
+            "essay_ratio": median["essay"] / median["plain"],
+            "batch_ratio": median["outbox_batch"] / median["plain"],
+        })
+    return rows
+
+
+def top_up(conn, table, backlog):
+    """Brings the number of ready PENDING rows of `table` back to `backlog` (direct inserts:
+    setting up, not measuring)."""
+    missing = backlog - conn.execute(f"SELECT count(*) FROM {table} WHERE status = 'PENDING'").fetchone()[0]
+    if missing > 0:
+        if table == "outbox":
+            conn.execute(
+                "INSERT INTO outbox (topic, payload, available_at) SELECT 'booking.created', %s::jsonb, "
+                "clock_timestamp() - interval '1 hour' FROM generate_series(1, %s)", (PAYLOAD, missing))
+        else:
+            conn.execute(
+                "INSERT INTO essay_outbox (public_id, topic, payload, status, available_at) SELECT gen_random_uuid(), "
+                "'booking.created', %s::jsonb, 'PENDING', now() - interval '1 hour' FROM generate_series(1, %s)",
+                (PAYLOAD, missing))
+    conn.execute(f"DELETE FROM {table} WHERE status = 'DONE'")
+    conn.execute(f"VACUUM ANALYZE {table}")
+    conn.execute("CHECKPOINT")
+
+
+def done_count(conn, table):
+    return conn.execute(f"SELECT count(*) FROM {table} WHERE status = 'DONE'").fetchone()[0]
+
+
+def drain_throughput(cluster, s):
+    """2. Burn-down: consumers claim and complete batches from a large backlog, each batch in
+    one transaction: the essay's SQL, outbox_claim without a lease (the same work: lock, then
+    mark DONE) and with one (the default: the claim also records the delivery)."""
+    scripts = (("essay", "essay_outbox", "drain_essay.sql"), ("no_lease", "outbox", "drain_outbox_nolease.sql"),
+               ("lease", "outbox", "drain_outbox.sql"))
+    rows = []
+    with cluster.connect() as conn:
+        for consumers, batch in s.drain_points:
+            rates = {}
+            for name, table, script in scripts:
+                top_up(conn, table, s.drain_backlog)
+                before = done_count(conn, table)
+                started = time.monotonic()
+                pgbench(script, consumers, s.drain_seconds, {"batch": batch})
+                rates[name] = (done_count(conn, table) - before) / (time.monotonic() - started)
+            rows.append({
+                "consumers": consumers, "batch": batch,
+                "essay_per_s": rates["essay"], "no_lease_per_s": rates["no_lease"], "lease_per_s": rates["lease"],
+                "ratio": rates["no_lease"] / rates["essay"], "lease_ratio": rates["lease"] / rates["essay"],
+            })
+        conn.execute("TRUNCATE outbox, essay_outbox")
+    return rows
+
+
+def flat_cost(cluster, s):
+    """3. Claim latency with no history, then with s.history_rows DONE rows behind it."""
+    with cluster.connect() as conn:
+        conn.execute("TRUNCATE outbox")
+        top_up(conn, "outbox", 50_000)
+        empty = pgbench("drain_outbox.sql", 1, s.flat_seconds, {"batch": 10})[1]
+        conn.execute(
+            "INSERT INTO outbox (topic, payload, status, attempts, processed_at) SELECT 'booking.created', %s::jsonb, "
+            "'DONE', 1, now() - interval '1 day' FROM generate_series(1, %s)", (PAYLOAD, s.history_rows))
+        conn.execute("DELETE FROM outbox WHERE status = 'DONE' AND processed_at > now() - interval '1 hour'")
+        top_up_pending_only(conn, 50_000)
+        history = pgbench("drain_outbox.sql", 1, s.flat_seconds, {"batch": 10})[1]
+        conn.execute("TRUNCATE outbox")
+    return {"history_rows": s.history_rows, "latency_ms_empty": empty, "latency_ms_history": history,
+            "ratio": history / empty}
+
+
+def top_up_pending_only(conn, backlog):
+    missing = backlog - conn.execute("SELECT count(*) FROM outbox WHERE status = 'PENDING'").fetchone()[0]
+    if missing > 0:
+        conn.execute(
+            "INSERT INTO outbox (topic, payload, available_at) SELECT 'booking.created', %s::jsonb, "
+            "clock_timestamp() - interval '1 hour' FROM generate_series(1, %s)", (PAYLOAD, missing))
+    conn.execute("VACUUM ANALYZE outbox")
+    conn.execute("CHECKPOINT")
+
+
+def long_transaction(cluster, s):
+    """4. A paced produce/consume run; in the middle phase an idle-in-transaction session
+    holds a snapshot (and so holds back vacuum)."""
+    before, during, after = s.long_txn_phases
+    total = before + during + after
+    samples = []
+    with cluster.connect() as conn:
+        conn.execute("TRUNCATE outbox")
+        conn.execute("VACUUM ANALYZE outbox")
+    producer = threading.Thread(target=pgbench, args=("produce_paced.sql", 4, total), kwargs={"rate": s.long_txn_rate})
+    consumer = threading.Thread(target=pgbench, args=("drain_outbox.sql", 2, total, {"batch": 20}))
+    holder = psycopg.connect(dbname=DATABASE)
+    producer.start()
+    consumer.start()
+    started = time.monotonic()
+    with cluster.connect() as monitor:
+        held = False
+        while (elapsed := time.monotonic() - started) < total:
+            if not held and elapsed >= before:
+                holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                holder.execute("SELECT count(*) FROM outbox")  # takes the snapshot, then idles
+                held = True
+            if held and elapsed >= before + during and holder.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                holder.commit()
+            row = monitor.execute(
+                """SELECT (SELECT count(*) FROM outbox WHERE status = 'DONE'),
+                          n_dead_tup, pg_table_size('outbox'), pg_indexes_size('outbox')
+                     FROM pg_stat_user_tables WHERE relname = 'outbox'"""
+            ).fetchone()
+            samples.append((elapsed, *row))
+            time.sleep(1)
+    producer.join()
+    consumer.join()
+    holder.close()
+
+    def phase(start, end):
+        points = [p for p in samples if start <= p[0] < end]
+        rate = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]) if len(points) > 1 else 0
+        return {"done_per_s": rate, "dead_tuples": points[-1][2], "table_mb": points[-1][3] / 2**20,
+                "indexes_mb": points[-1][4] / 2**20}
+
+    phases = {"before": phase(0, before), "during": phase(before, before + during), "after": phase(before + during, total)}
+    phases["dip"] = 1 - phases["during"]["done_per_s"] / phases["before"]["done_per_s"]
+    with cluster.connect() as conn:
+        conn.execute("TRUNCATE outbox")
+    return phases
+
+
+def wrk_rate(url, connections, seconds):
+    threads = min(2, connections)
+    output = subprocess.run(
+        ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "-s", BENCH / "wrk_post.lua", url],
+        check=True, capture_output=True, text=True, env=dict(os.environ, OUTBOX_BENCH_PAYLOAD=PAYLOAD),
+    ).stdout
+    return float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+
+
+def delivery(cluster, receiver, s):
+    """5. The worker delivering a backlog to nginx, against wrk at the same concurrency."""
+    rows = []
+    with cluster.connect() as conn:
+        conn.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+        for in_flight in s.delivery_in_flight:
+            cluster.configure(worker_enabled="off", max_in_flight=in_flight)
+            conn.execute("TRUNCATE outbox")
+            conn.execute(
+                "INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, %s)",
+                (PAYLOAD, s.delivery_messages))
+            conn.execute("VACUUM ANALYZE outbox")
+            cluster.configure(worker_enabled="on")
+            started = time.monotonic()
+            while done_count(conn, "outbox") < s.delivery_messages:
+                if time.monotonic() - started > 600:
+                    raise RuntimeError("the worker did not drain the backlog in 10 minutes")
+                time.sleep(0.05)
+            # From the first completion to the last: the reload's delay does not count.
+            span = conn.execute("SELECT extract(epoch FROM max(processed_at) - min(processed_at)) FROM outbox").fetchone()[0]
+            worker_rate = (s.delivery_messages - 1) / float(span)
+            generator = wrk_rate(receiver.url, in_flight, s.generator_seconds)
+            rows.append({"in_flight": in_flight, "worker_per_s": worker_rate, "wrk_per_s": generator,
+                         "ratio": worker_rate / generator})
+        cluster.configure(worker_enabled="on", max_in_flight=8)
+        conn.execute("TRUNCATE outbox")
+    return rows
+
+
+def latency(cluster, receiver, s):
+    """6. From the enqueueing transaction's commit to the receiver, idle worker."""
+    committed = {}
+    with cluster.connect() as conn:
+        conn.execute("TRUNCATE outbox")
+        time.sleep(1.5)
+        for _ in range(s.latency_messages):
+            with conn.transaction():
+                public_id = conn.execute("SELECT public_id::text FROM outbox_enqueue('booking.created', %s::jsonb)",
+                                         (PAYLOAD,)).fetchone()[0]
+            committed[public_id] = time.time()
+            time.sleep(0.05)  # the worker goes idle again between messages
+        deadline = time.monotonic() + 30
+        while done_count(conn, "outbox") < s.latency_messages and time.monotonic() < deadline:
+            time.sleep(0.1)
+    time.sleep(0.5)  # nginx flushes its log every 100 ms
+    arrivals = receiver.arrivals()
+    delays = sorted((arrivals[i] - t) * 1000 for i, t in committed.items() if i in arrivals)
+    if len(delays) < len(committed):
+        raise RuntimeError(f"only {len(delays)} of {len(committed)} messages reached the receiver")
+    return {"messages": len(delays), "p50_ms": delays[len(delays) // 2],
+            "p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))], "max_ms": delays[-1]}
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def machine():
+    model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    return f"{os.cpu_count()} cores ({model}), {platform.system()} {platform.release()}, PostgreSQL 15"
+
+
+def report(results, s, path_md, path_png):
+    e, d, f, l, w, t = (results[k] for k in ("enqueue", "drain", "flat", "long_txn", "delivery", "latency"))
+    lines = [
+        f"# outbox_ext benchmark results{' (smoke run: too short to quote)' if s.smoke else ''}",
+        "",
+        f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {machine()}.",
+        "",
+        "## 1. Enqueue cost (8 clients, ~220-byte booking snapshot)",
+        "",
+        "| synchronous_commit | plain INSERT msg/s | essay's outbox INSERT | outbox_enqueue | **outbox_enqueue / plain** | essay / plain | outbox_enqueue_batch (10) | batch / plain |",
+        "|---|---|---|---|---|---|---|---|",
+        *[f"| {r['synchronous_commit']} | {r['plain_per_s']:.0f} | {r['essay_per_s']:.0f} | {r['outbox_per_s']:.0f} | **{r['ratio']:.2f}** | {r['essay_ratio']:.2f} | {r['batch_per_s']:.0f} | {r['batch_ratio']:.2f} |" for r in e],
+        "",
+        f"## 2. Drain throughput (burn-down from a backlog of {s.drain_backlog:,})",
+        "",
+        "| consumers | batch | essay's SQL msg/s | outbox_claim(lease => NULL) | **/ essay** | outbox_claim (30 s lease) | / essay |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| {r['consumers']} | {r['batch']} | {r['essay_per_s']:.0f} | {r['no_lease_per_s']:.0f} | **{r['ratio']:.2f}** | {r['lease_per_s']:.0f} | {r['lease_ratio']:.2f} |" for r in d],
+        "",
+        f"## 3. Flat cost as history grows (claim + complete of 10, one client)",
+        "",
+        "| DONE rows | mean latency (ms) |",
+        "|---|---|",
+        f"| 0 | {f['latency_ms_empty']:.3f} |",
+        f"| {f['history_rows']:,} | {f['latency_ms_history']:.3f} |",
+        f"| ratio | **{f['ratio']:.2f}** |",
+        "",
+        f"## 4. A long transaction holding back vacuum ({s.long_txn_rate} msg/s produced, phases {s.long_txn_phases} s)",
+        "",
+        "| phase | completed msg/s | dead tuples at end | table MB | indexes MB |",
+        "|---|---|---|---|---|",
+        *[f"| {name} | {p['done_per_s']:.0f} | {p['dead_tuples']} | {p['table_mb']:.1f} | {p['indexes_mb']:.1f} |"
+          for name, p in ((k, l[k]) for k in ("before", "during", "after"))],
+        f"| dip during | **{l['dip'] * 100:.1f}%** | | | |",
+        "",
+        "## 5. Delivery through the worker to a local nginx (200 at once)",
+        "",
+        "| in flight | worker deliveries/s | wrk requests/s (same concurrency) | worker / wrk |",
+        "|---|---|---|---|",
+        *[f"| {r['in_flight']} | {r['worker_per_s']:.0f} | {r['wrk_per_s']:.0f} | **{r['ratio']:.2f}** |" for r in w],
+        "",
+        "## 6. Latency from commit to the receiver (idle worker)",
+        "",
+        f"{t['messages']} messages: p50 **{t['p50_ms']:.1f} ms**, p99 **{t['p99_ms']:.1f} ms**, max {t['max_ms']:.1f} ms.",
+        "",
+    ]
+    path_md.write_text("\n".join(lines))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+    ax = axes[0][0]
+    x = range(len(e))
+    ax.bar([i - 0.25 for i in x], [r["ratio"] for r in e], 0.25, label="outbox_enqueue")
+    ax.bar([i for i in x], [r["essay_ratio"] for r in e], 0.25, label="essay's insert")
+    ax.bar([i + 0.25 for i in x], [r["batch_ratio"] for r in e], 0.25, label="outbox_enqueue_batch")
+    ax.set_xticks(list(x), [f"synchronous_commit={r['synchronous_commit']}" for r in e])
+    ax.axhline(0.9, color="gray", linestyle="--", label="target 0.90")
+    ax.set_title("Enqueue msg/s / plain INSERT")
+    ax.legend()
+    ax = axes[0][1]
+    labels = [f"{r['consumers']}c×{r['batch']}" for r in d]
+    x = range(len(d))
+    ax.bar([i - 0.27 for i in x], [r["essay_per_s"] for r in d], 0.27, label="essay's SQL")
+    ax.bar([i for i in x], [r["no_lease_per_s"] for r in d], 0.27, label="outbox_claim, no lease")
+    ax.bar([i + 0.27 for i in x], [r["lease_per_s"] for r in d], 0.27, label="outbox_claim, lease")
+    ax.set_xticks(list(x), labels, rotation=45)
+    ax.set_title("Drain throughput (msg/s): consumers × batch")
+    ax.legend()
+    ax = axes[1][0]
+    x = range(len(w))
+    ax.bar([i - 0.2 for i in x], [r["wrk_per_s"] for r in w], 0.4, label="wrk")
+    ax.bar([i + 0.2 for i in x], [r["worker_per_s"] for r in w], 0.4, label="worker")
+    ax.set_xticks(list(x), [f"{r['in_flight']} in flight" for r in w])
+    ax.set_title("HTTP deliveries/s to a local nginx")
+    ax.legend()
+    ax = axes[1][1]
+    ax.bar(["p50", "p99"], [t["p50_ms"], t["p99_ms"]], color="tab:green")
+    ax.set_title("Commit → receiver latency (ms)")
+    figure.suptitle(f"outbox_ext benchmark, {datetime.date.today()} ({'smoke' if s.smoke else 'full'})")
+    figure.tight_layout()
+    figure.savefig(path_png, dpi=90)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--port", type=int, default=54390)
+    parser.add_argument("--receiver-port", type=int, default=54391)
+    parser.add_argument("--output", type=pathlib.Path, default=BENCH / "results")
+    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency)")
+    args = parser.parse_args()
+    s = Settings(args.smoke)
+    cluster, receiver = Cluster(args.port), Nginx(args.receiver_port)
+    results = {}
+    parts = [
+        ("enqueue", lambda: enqueue_cost(cluster, s)),
+        ("drain", lambda: drain_throughput(cluster, s)),
+        ("flat", lambda: flat_cost(cluster, s)),
+        ("long_txn", lambda: long_transaction(cluster, s)),
+        ("delivery", lambda: delivery(cluster, receiver, s)),
+        ("latency", lambda: latency(cluster, receiver, s)),
+    ]
+    try:
+        cluster.start()
+        receiver.start()
+        for name, run in parts:
+            if args.only and name not in args.only:
+                continue
+            began = time.monotonic()
+            results[name] = run()
+            print(f"bench: {name} done in {time.monotonic() - began:.0f}s: {json.dumps(results[name], default=str)}", flush=True)
+    finally:
+        receiver.stop()
+        cluster.stop()
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / ("smoke.json" if s.smoke else "latest.json")).write_text(json.dumps(results, indent=2))
+    if not args.only:
+        stem = "smoke" if s.smoke else "latest"
+        report(results, s, args.output / f"{stem}.md", args.output / f"{stem}.png")
+        print((args.output / f"{stem}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+SELECT id FROM outbox_enqueue('booking.created', ':payload'::jsonb);

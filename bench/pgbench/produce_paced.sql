@@ -1,0 +1,1 @@
+SELECT outbox_enqueue('booking.created', ':payload'::jsonb);
