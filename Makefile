@@ -1,5 +1,5 @@
-# The two commands of the README. Both install what they need first (scripts/setup.sh).
-.PHONY: demo test setup
+# The README's commands. Each installs what it needs first (scripts/setup.sh).
+.PHONY: demo test setup bench reliability
 
 demo:
 	scripts/demo.sh
@@ -9,3 +9,9 @@ test:
 
 setup:
 	scripts/setup.sh
+
+bench:
+	bench/run.sh
+
+reliability:
+	scripts/reliability.sh

@@ -98,29 +98,46 @@ class Settings:
 
 
 class Cluster:
-    def __init__(self, port: int):
+    """A scratch cluster (scripts/cluster.sh) with the extension created in `database`, whose
+    delivery worker serves that database."""
+
+    def __init__(self, port: int, database: str = DATABASE, conf: str = CLUSTER_CONF, setup_sql: str = REFERENCE_TABLES):
         self.port = port
-        self.dir = tempfile.mkdtemp(prefix="outbox_ext-bench.")
+        self.database = database
+        self.conf = conf
+        self.setup_sql = setup_sql
+        self.dir = tempfile.mkdtemp(prefix="outbox_ext-scratch.")
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres")
 
     def start(self):
-        env = dict(os.environ, OUTBOX_WORKER_DATABASES=DATABASE, OUTBOX_CLUSTER_CONF=CLUSTER_CONF)
+        env = dict(os.environ, OUTBOX_WORKER_DATABASES=self.database, OUTBOX_CLUSTER_CONF=self.conf)
         subprocess.run([ROOT / "scripts/cluster.sh", "start", self.dir, str(self.port)], check=True, env=env)
         os.environ.update(PGHOST="127.0.0.1", PGPORT=str(self.port), PGUSER="postgres")
         with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-            admin.execute(f"CREATE DATABASE {DATABASE}")
+            admin.execute(f"DROP DATABASE IF EXISTS {self.database}")
+            admin.execute(f"CREATE DATABASE {self.database}")
         with self.connect() as conn:
             conn.execute("CREATE EXTENSION outbox_ext")
-            conn.execute(REFERENCE_TABLES)
+            if self.setup_sql:
+                conn.execute(self.setup_sql)
 
     def stop(self):
         subprocess.run([ROOT / "scripts/cluster.sh", "stop", self.dir], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    @property
+    def server_log(self) -> pathlib.Path:
+        return pathlib.Path(self.dir) / "server.log"
+
+    def pg_ctl(self, *args):
+        """Runs pg_ctl on the cluster as the server's user (e.g. an immediate stop)."""
+        user = ["sudo", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run(user + [PG_BIN / "pg_ctl", "-D", f"{self.dir}/data", "-l", f"{self.dir}/server.log", "-w", *args],
+                       check=True, capture_output=True)
+
     def connect(self, **kwargs):
-        return psycopg.connect(dbname=DATABASE, autocommit=True, **kwargs)
+        return psycopg.connect(dbname=self.database, autocommit=True, **kwargs)
 
     def configure(self, **settings):
         """ALTER SYSTEM + reload: how the worker's settings are changed."""

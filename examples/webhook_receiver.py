@@ -23,6 +23,7 @@ class Receiver:
         self.started = 0  # requests whose handling began (a slow answer may still be pending)
         self._script = collections.deque()
         self._default = (200, 0.0, {}, b"")
+        self._decide = None  # a function of nothing returning an answer, when set
         self._changed = threading.Condition()
         self._port = port
         self._quiet = quiet
@@ -37,6 +38,13 @@ class Receiver:
     def answer_by_default(self, status: int = 200, delay: float = 0.0, headers=None, body: bytes = b""):
         with self._changed:
             self._default = (status, delay, headers or {}, body)
+            self._decide = None
+
+    def answer_with(self, decide):
+        """Every request is answered with what decide() returns: (status, delay, headers, body),
+        where status "cut" sends half a response and closes the connection."""
+        with self._changed:
+            self._decide = decide
 
     # -- life ------------------------------------------------------------------------------
     def start(self):
@@ -50,9 +58,12 @@ class Receiver:
                 body = self.rfile.read(length)
                 with receiver._changed:
                     receiver.started += 1
-                    status, delay, headers, answer = (
-                        receiver._script.popleft() if receiver._script else receiver._default
-                    )
+                    if receiver._script:
+                        status, delay, headers, answer = receiver._script.popleft()
+                    elif receiver._decide:
+                        status, delay, headers, answer = receiver._decide()
+                    else:
+                        status, delay, headers, answer = receiver._default
                     receiver._changed.notify_all()
                 if delay:
                     time.sleep(delay)
@@ -63,12 +74,16 @@ class Receiver:
                     "received_at": time.time(),
                 }
                 try:
-                    self.send_response(status)
-                    for name, value in headers.items():
-                        self.send_header(name, value)
-                    self.send_header("content-length", str(len(answer)))
-                    self.end_headers()
-                    self.wfile.write(answer)
+                    if status == "cut":  # a connection that dies in the middle of the answer
+                        self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npart")
+                        self.close_connection = True
+                    else:
+                        self.send_response(status)
+                        for name, value in headers.items():
+                            self.send_header(name, value)
+                        self.send_header("content-length", str(len(answer)))
+                        self.end_headers()
+                        self.wfile.write(answer)
                 except (BrokenPipeError, ConnectionResetError):
                     record["status"] = "client gone"  # the sender timed out first
                 with receiver._changed:
@@ -96,6 +111,10 @@ class Receiver:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._server is None
 
     @property
     def port(self) -> int:

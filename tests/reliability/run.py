@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""The reliability suite: faults, load and hostile input, with nothing lost.
+
+Run it with scripts/reliability.sh (`make reliability`); `--short` is the version inside the
+test command. It starts its own scratch cluster (the worker preloaded) and a local receiver on
+127.0.0.1, runs every scenario, prints one table (what was tried, how many messages, how many
+lost, how many duplicated, how long recovery took) and exits non-zero if anything was lost or
+any check failed.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "examples"))
+from bench import PG_BIN, Cluster  # noqa: E402
+from webhook_receiver import Receiver  # noqa: E402
+
+DATABASE = "outbox_reliability"
+CONF = """
+fsync = on
+outbox.worker_databases = 'outbox_reliability'
+outbox.backoff_base = '100ms'
+outbox.backoff_jitter = 0.1
+outbox.max_attempts = 10
+outbox.http_timeout = '500ms'
+outbox.poll_interval = '200ms'
+outbox.worker_batch_size = 50
+"""
+SETUP = """
+CREATE TABLE handled (message_id bigint NOT NULL, handled_at timestamptz NOT NULL DEFAULT clock_timestamp());
+"""
+
+
+class Scale:
+    def __init__(self, short: bool):
+        self.consumer_messages = 400 if short else 5_000
+        self.consumer_kills = 6 if short else 40
+        self.delivery_messages = 300 if short else 4_000
+        self.worker_kills = 1 if short else 4
+        self.fault_messages = 300 if short else 3_000
+        self.fault_phase_seconds = 2 if short else 8
+        self.lock_seconds = 12  # longer than the worker's lock_timeout (10 s)
+        self.soak_seconds = 20 if short else 240
+        self.million = 30_000 if short else 1_000_000
+        self.hostile_examples = 150 if short else 3_000
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def wait_until(check, timeout, interval=0.1, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except psycopg.OperationalError:
+            pass  # the server is restarting
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def count(cluster, sql, *args):
+    with cluster.connect() as conn:
+        return conn.execute(sql, args).fetchone()[0]
+
+
+def reset(cluster, subscribe_url=None):
+    with cluster.connect() as conn:
+        conn.execute("TRUNCATE outbox, handled")
+        conn.execute("DELETE FROM outbox_subscription")
+        if subscribe_url:
+            conn.execute("SELECT outbox_subscribe('booking.created', %s)", (subscribe_url,))
+
+
+def enqueue(cluster, n, topic="booking.created"):
+    with cluster.connect() as conn:
+        conn.execute(
+            "SELECT count(*) FROM outbox_enqueue_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) FROM generate_series(1, %s) g))",
+            (topic, n))
+
+
+def worker_pid(cluster):
+    with cluster.connect() as conn:
+        row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_ext delivery worker'").fetchone()
+        return row and row[0]
+
+
+def rss_kb(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except FileNotFoundError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Consumers that crash
+# --------------------------------------------------------------------------------------------
+
+CONSUMER = r"""
+import sys, time, psycopg
+style = sys.argv[1]
+conn = psycopg.connect(dbname=sys.argv[2], autocommit=True)
+while True:
+    if style == "transaction":
+        # claim, record the effect and complete in one transaction: a crash undoes all of it
+        with conn.transaction():
+            ids = [r[0] for r in conn.execute("SELECT id FROM outbox_claim(20, lease => NULL)")]
+            conn.execute("INSERT INTO handled (message_id) SELECT unnest(%s::bigint[])", (ids,))
+            conn.execute("SELECT outbox_complete(%s::bigint[])", (ids,))
+    else:
+        # commit the claim with a lease, do the effect, complete later: a crash in between
+        # leaves the effect done and the message to be delivered again
+        rows = conn.execute("SELECT id, lease_token FROM outbox_claim(20, lease => '2 seconds')").fetchall()
+        for message_id, token in rows:
+            conn.execute("INSERT INTO handled (message_id) VALUES (%s)", (message_id,))
+            time.sleep(0.002)
+            conn.execute("SELECT outbox_complete(%s, %s)", (message_id, token))
+        ids = rows
+    if not ids:
+        time.sleep(0.05)
+"""
+
+
+def consumer_crashes(cluster, scale, style):
+    reset(cluster)
+    enqueue(cluster, scale.consumer_messages)
+    command = [sys.executable, "-c", CONSUMER, style, DATABASE]
+    consumers = [subprocess.Popen(command) for _ in range(4)]
+    kills = 0
+    rng = random.Random(7)
+    try:
+        while kills < scale.consumer_kills and count(cluster, "SELECT count(*) FROM outbox WHERE status = 'PENDING'") > 0:
+            time.sleep(rng.uniform(0.05, 0.3))
+            victim = rng.randrange(len(consumers))
+            if rng.random() < 0.5:
+                consumers[victim].kill()  # the process dies
+                consumers[victim].wait()
+            else:  # the connection is dropped under it
+                with cluster.connect() as conn:
+                    conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+                        " AND backend_type = 'client backend' AND query LIKE '%%outbox_c%%' LIMIT 1", (DATABASE,))
+                consumers[victim].kill()
+                consumers[victim].wait()
+            consumers[victim] = subprocess.Popen(command)
+            kills += 1
+        last_fault = time.monotonic()
+        wait_until(lambda: count(cluster, "SELECT count(*) FROM outbox WHERE status = 'DONE'") == scale.consumer_messages,
+                   timeout=120, what="every message DONE")
+        recovery = time.monotonic() - last_fault
+    finally:
+        for c in consumers:
+            c.kill()
+            c.wait()
+    with cluster.connect() as conn:
+        handled, distinct = conn.execute("SELECT count(*), count(DISTINCT message_id) FROM handled").fetchone()
+    lost = scale.consumer_messages - distinct
+    duplicated = handled - distinct
+    # In one transaction, effect and outcome commit together: no duplicate is possible. With
+    # leases, at most what was in flight at each crash (20 per consumer) comes again.
+    bound = 0 if style == "transaction" else kills * 20
+    return {"scenario": f"consumers killed ×{kills} ({'claim+complete in one transaction' if style == 'transaction' else 'lease, complete later'})",
+            "messages": scale.consumer_messages, "lost": lost, "duplicated": duplicated, "recovery_s": recovery,
+            "ok": lost == 0 and duplicated <= bound, "note": f"duplicates allowed: ≤ {bound}"}
+
+
+# --------------------------------------------------------------------------------------------
+# The worker and the server crash
+# --------------------------------------------------------------------------------------------
+
+
+def delivered_ids(receiver):
+    return [r["headers"].get("webhook-id") for r in receiver.requests if r["status"] == 200]
+
+
+def expected_ids(cluster):
+    with cluster.connect() as conn:
+        return {r[0] for r in conn.execute("SELECT public_id::text FROM outbox")}
+
+
+def worker_killed(cluster, scale, receiver):
+    receiver.requests.clear()
+    receiver.answer_by_default(200, delay=0.01)
+    reset(cluster, receiver.url)
+    enqueue(cluster, scale.delivery_messages)
+    rng = random.Random(11)
+    for _ in range(scale.worker_kills):
+        wait_until(lambda: worker_pid(cluster), 30, what="the worker")
+        time.sleep(rng.uniform(0.2, 1.0))
+        os.kill(worker_pid(cluster), signal.SIGKILL)  # the postmaster resets the whole cluster
+        time.sleep(1)
+    last_fault = time.monotonic()
+    wait_until(lambda: count(cluster, "SELECT count(*) FROM outbox WHERE status = 'DONE'") == scale.delivery_messages,
+               timeout=180, interval=0.5, what="every message delivered")
+    recovery = time.monotonic() - last_fault
+    got = delivered_ids(receiver)
+    lost = len(expected_ids(cluster) - set(got))
+    return {"scenario": f"delivery worker kill -9 ×{scale.worker_kills}", "messages": scale.delivery_messages,
+            "lost": lost, "duplicated": len(got) - len(set(got)), "recovery_s": recovery, "ok": lost == 0,
+            "note": "duplicates: deliveries whose outcome died with the worker"}
+
+
+def server_crashed(cluster, scale, receiver):
+    """Producers keep enqueueing while the server is stopped with pg_ctl -m immediate and
+    restarted (crash recovery): every enqueue whose COMMIT returned is delivered."""
+    receiver.requests.clear()
+    receiver.answer_by_default(200, delay=0.005)
+    reset(cluster, receiver.url)
+    committed, stop = [], threading.Event()
+
+    def produce():
+        while not stop.is_set():
+            try:
+                with cluster.connect() as conn:
+                    while not stop.is_set():
+                        with conn.transaction():
+                            public_id = conn.execute("SELECT public_id::text FROM outbox_enqueue('booking.created', '{}')").fetchone()[0]
+                        committed.append(public_id)  # only after COMMIT returned
+            except psycopg.OperationalError:
+                time.sleep(0.2)  # the server is down: try again
+
+    producers = [threading.Thread(target=produce) for _ in range(2)]
+    for p in producers:
+        p.start()
+    time.sleep(2)
+    cluster.pg_ctl("stop", "-m", "immediate")
+    time.sleep(1)
+    cluster.pg_ctl("start")
+    last_fault = time.monotonic()
+    time.sleep(2)
+    stop.set()
+    for p in producers:
+        p.join()
+    wait_until(lambda: count(cluster, "SELECT count(*) FROM outbox WHERE status = 'PENDING'") == 0,
+               timeout=180, interval=0.5, what="the backlog to drain after crash recovery")
+    recovery = time.monotonic() - last_fault
+    got = delivered_ids(receiver)
+    lost = len(set(committed) - set(got))
+    return {"scenario": "server crash (pg_ctl stop -m immediate) during enqueue and delivery", "messages": len(committed),
+            "lost": lost, "duplicated": len(got) - len(set(got)), "recovery_s": recovery, "ok": lost == 0 and len(committed) > 0,
+            "note": "every committed enqueue delivered"}
+
+
+# --------------------------------------------------------------------------------------------
+# Receiver faults
+# --------------------------------------------------------------------------------------------
+
+
+def enqueue_rate(cluster, seconds):
+    done, deadline = 0, time.monotonic() + seconds
+    with cluster.connect() as conn:
+        while time.monotonic() < deadline:
+            with conn.transaction():
+                conn.execute("SELECT id FROM outbox_enqueue('booking.created', '{\"n\": 1}')")
+            done += 1
+    return done / seconds
+
+
+def receiver_faults(cluster, scale, receiver):
+    receiver.requests.clear()
+    receiver.answer_by_default(200)
+    reset(cluster, receiver.url)
+    baseline = enqueue_rate(cluster, 2)
+    phase = scale.fault_phase_seconds
+    rng = random.Random(3)
+    faults = [
+        ("down", None),
+        ("slow beyond the timeout", lambda: (200, 1.0, {}, b"")),
+        ("500 at random, connections cut", lambda: rng.choice([(500, 0, {}, b"boom"), ("cut", 0, {}, b""), (200, 0, {}, b"")])),
+    ]
+    rates = []
+    for name, decide in faults:
+        if decide is None:
+            receiver.stop()
+        else:
+            if receiver.stopped:
+                receiver.start()  # the same endpoint comes back, on the same port
+            receiver.answer_with(decide)
+        rates.append(enqueue_rate(cluster, phase))
+    receiver.answer_by_default(200)
+    last_fault = time.monotonic()
+    total = count(cluster, "SELECT count(*) FROM outbox")
+    wait_until(lambda: count(cluster, "SELECT count(*) FROM outbox WHERE status = 'DONE'") == total,
+               timeout=120, interval=0.5, what="the backlog to drain after the faults")
+    recovery = time.monotonic() - last_fault
+    dead = count(cluster, "SELECT count(*) FROM outbox WHERE status = 'DEAD'")
+    got = [r["headers"].get("webhook-id") for r in receiver.requests if r["status"] == 200]
+    lost = len(expected_ids(cluster) - set(got))
+    slowest = min(rates) / baseline
+    errors = count(cluster, "SELECT count(*) FROM outbox WHERE last_error IS NOT NULL")
+    return {"scenario": "receiver down, then slow, then failing at random", "messages": total, "lost": lost,
+            "duplicated": len(got) - len(set(got)), "recovery_s": recovery,
+            "ok": lost == 0 and dead == 0 and slowest > 0.5 and errors > 0,
+            "note": f"enqueue rate during faults ≥ {slowest:.2f} of healthy; {errors} with last_error; 0 DEAD" if dead == 0 else f"{dead} DEAD"}
+
+
+def table_locked(cluster, scale, receiver):
+    """An administrator holds the outbox in an ACCESS EXCLUSIVE lock (a long ALTER): the worker
+    gives up after lock_timeout, says so in the log, and recovers when the lock goes."""
+    receiver.requests.clear()
+    receiver.answer_by_default(200)
+    reset(cluster, receiver.url)
+    log_start = cluster.server_log.stat().st_size
+    admin = psycopg.connect(dbname=DATABASE)
+    admin.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+    threading.Thread(target=lambda: enqueue(cluster, 100), daemon=True).start()  # waits for the lock too
+    time.sleep(scale.lock_seconds)
+    admin.commit()
+    admin.close()
+    last_fault = time.monotonic()
+    wait_until(lambda: count(cluster, "SELECT count(*) FROM outbox WHERE status = 'DONE'") == 100,
+               timeout=60, what="delivery after the lock")
+    recovery = time.monotonic() - last_fault
+    log = cluster.server_log.read_text(errors="replace")[log_start:]
+    said_so = "lock timeout" in log
+    return {"scenario": f"outbox locked by an administrator for {scale.lock_seconds} s", "messages": 100, "lost": 0,
+            "duplicated": len(receiver.requests) - 100, "recovery_s": recovery, "ok": said_so,
+            "note": "worker logged the lock timeout and recovered" if said_so else "no lock timeout in the log"}
+
+
+# --------------------------------------------------------------------------------------------
+# Load
+# --------------------------------------------------------------------------------------------
+
+DRAIN_ONCE = """
+WITH claimed AS (SELECT id FROM outbox_claim(100, lease => NULL)),
+     recorded AS (INSERT INTO handled (message_id) SELECT id FROM claimed)
+SELECT outbox_complete(coalesce(array_agg(id), '{}')) FROM claimed;
+"""
+
+
+def million_exactly_once(cluster, scale):
+    reset(cluster)
+    with cluster.connect() as conn:
+        conn.execute("INSERT INTO outbox (topic, payload) SELECT 'booking.created', jsonb_build_object('n', g) FROM generate_series(1, %s) g",
+                     (scale.million,))
+        conn.execute("VACUUM ANALYZE outbox")
+    script = pathlib.Path("/tmp/outbox_ext-reliability-drain.sql")
+    script.write_text(DRAIN_ONCE)
+    started = time.monotonic()
+    while count(cluster, "SELECT count(*) FROM outbox WHERE status = 'PENDING'") > 0:
+        subprocess.run([PG_BIN / "pgbench", "-n", "-c", "8", "-j", "2", "-T", "10", "-f", script, DATABASE],
+                       check=True, capture_output=True)
+    elapsed = time.monotonic() - started
+    with cluster.connect() as conn:
+        handled, distinct = conn.execute("SELECT count(*), count(DISTINCT message_id) FROM handled").fetchone()
+    return {"scenario": f"{scale.million:,} messages, 8 consumers", "messages": scale.million,
+            "lost": scale.million - distinct, "duplicated": handled - distinct, "recovery_s": None,
+            "ok": handled == distinct == scale.million, "note": f"{scale.million / elapsed:,.0f} msg/s, exactly once each"}
+
+
+def soak(cluster, scale, receiver):
+    """Producers and consumers at a sustained rate with the history growing: throughput and
+    claim latency per window, and the memory of the worker and the backends, start vs end."""
+    receiver.requests.clear()
+    receiver.answer_by_default(200)
+    reset(cluster, receiver.url)
+    with cluster.connect() as conn:
+        conn.execute("SELECT outbox_subscribe('invoice.paid', %s)", (receiver.url,))
+    produce = pathlib.Path("/tmp/outbox_ext-reliability-produce.sql")
+    produce.write_text("SELECT id FROM outbox_enqueue('booking.created', '{\"n\": 1}');\n")
+    consume = pathlib.Path("/tmp/outbox_ext-reliability-consume.sql")
+    consume.write_text(DRAIN_ONCE)
+    seconds = scale.soak_seconds
+    # booking.created is drained by SQL consumers; invoice.paid goes through the worker.
+    runs = [
+        subprocess.Popen([PG_BIN / "pgbench", "-n", "-c", "2", "-R", "800", "-T", str(seconds), "-f", produce, DATABASE],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen([PG_BIN / "pgbench", "-n", "-c", "2", "-R", "20", "-T", str(seconds), "-f", consume, DATABASE],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+    ]
+    windows, memory = [], []
+    started = time.monotonic()
+    with cluster.connect() as monitor:
+        while (elapsed := time.monotonic() - started) < seconds:
+            enqueue(cluster, 20, topic="invoice.paid")
+            t0 = time.perf_counter()
+            with monitor.transaction():  # one claim, given back: its latency as the history grows
+                monitor.execute("SELECT count(*) FROM outbox_claim(1, ARRAY['booking.created'], lease => NULL)")
+                claim_ms = (time.perf_counter() - t0) * 1000
+                raise psycopg.Rollback()
+            done = monitor.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0]
+            pids = [r[0] for r in monitor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND backend_type IN ('client backend', 'outbox_ext delivery worker')",
+                (DATABASE,))]
+            memory.append(sum(filter(None, (rss_kb(p) for p in pids))))
+            worker = worker_pid(cluster)
+            windows.append((elapsed, done, claim_ms, rss_kb(worker) if worker else None))
+            time.sleep(1)
+    for run in runs:
+        run.wait()
+    half = len(windows) // 2
+    rate = lambda ws: (ws[-1][1] - ws[0][1]) / (ws[-1][0] - ws[0][0])
+    first, second = rate(windows[:half]), rate(windows[half:])
+    latency_first = sorted(w[2] for w in windows[:half])[half // 2]
+    latency_second = sorted(w[2] for w in windows[half:])[(len(windows) - half) // 2]
+    worker_rss = [w[3] for w in windows if w[3]]
+    flat = second >= 0.8 * first and latency_second <= 2 * latency_first + 1
+    return {"scenario": f"soak {seconds} s: 800 msg/s in, SQL consumers and the worker out", "messages": windows[-1][1],
+            "lost": 0, "duplicated": 0, "recovery_s": None, "ok": flat,
+            "note": (f"done/s {first:.0f} → {second:.0f}; claim p50 {latency_first:.2f} → {latency_second:.2f} ms; "
+                     f"worker RSS {worker_rss[0] // 1024 if worker_rss else '?'} → {worker_rss[-1] // 1024 if worker_rss else '?'} MB; "
+                     f"backends+worker RSS {memory[0] // 1024} → {memory[-1] // 1024} MB")}
+
+
+# --------------------------------------------------------------------------------------------
+# Hostile input
+# --------------------------------------------------------------------------------------------
+
+
+def hostile_input(cluster, scale):
+    from hostile import run_hostile
+
+    reset(cluster)
+    result = run_hostile(cluster, scale.hostile_examples)
+    return {"scenario": f"hostile input: {result['calls']} generated calls", "messages": result["rows"], "lost": 0,
+            "duplicated": 0, "recovery_s": None, "ok": not result["problems"],
+            "note": "; ".join(result["problems"][:3]) or f"errors by SQLSTATE: {result['sqlstates']}"}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def table(rows):
+    lines = ["| scenario | messages | lost | duplicated | recovery (s) | ok | notes |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        recovery = "" if r["recovery_s"] is None else f"{r['recovery_s']:.1f}"
+        lines.append(f"| {r['scenario']} | {r['messages']:,} | {r['lost']} | {r['duplicated']} | {recovery} | "
+                     f"{'yes' if r['ok'] else '**NO**'} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--short", action="store_true")
+    parser.add_argument("--port", type=int, default=54380)
+    parser.add_argument("--output", type=pathlib.Path)
+    args = parser.parse_args()
+    scale = Scale(args.short)
+    cluster = Cluster(args.port, DATABASE, CONF, SETUP)
+    receiver = Receiver()
+    rows = []
+    scenarios = [
+        lambda: hostile_input(cluster, scale),
+        lambda: consumer_crashes(cluster, scale, "transaction"),
+        lambda: consumer_crashes(cluster, scale, "lease"),
+        lambda: worker_killed(cluster, scale, receiver),
+        lambda: server_crashed(cluster, scale, receiver),
+        lambda: receiver_faults(cluster, scale, receiver),
+        lambda: table_locked(cluster, scale, receiver),
+        lambda: million_exactly_once(cluster, scale),
+        lambda: soak(cluster, scale, receiver),
+    ]
+    started = time.monotonic()
+    try:
+        cluster.start()
+        receiver.start()
+        for scenario in scenarios:
+            began = time.monotonic()
+            row = scenario()
+            rows.append(row)
+            print(f"reliability: {row['scenario']}: {'ok' if row['ok'] else 'FAILED'} in {time.monotonic() - began:.0f}s", flush=True)
+    finally:
+        receiver.stop()
+        cluster.stop()
+    report = f"{table(rows)}\n\nTotal {time.monotonic() - started:.0f} s ({'short' if args.short else 'full'} run).\n"
+    print(report)
+    if args.output:
+        args.output.write_text(report)
+    failed = [r for r in rows if not r["ok"] or r["lost"]]
+    print(f"{len(rows) - len(failed)} passed, {len(failed)} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
