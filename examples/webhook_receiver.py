@@ -42,7 +42,7 @@ class Receiver:
 
     def answer_with(self, decide):
         """Every request is answered with what decide() returns: (status, delay, headers, body),
-        where status "cut" sends half a response and closes the connection."""
+        where status "cut" sends the start of a status line and closes the connection."""
         with self._changed:
             self._decide = decide
 
@@ -74,8 +74,8 @@ class Receiver:
                     "received_at": time.time(),
                 }
                 try:
-                    if status == "cut":  # a connection that dies in the middle of the answer
-                        self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npart")
+                    if status == "cut":  # the connection dies in the middle of the answer
+                        self.wfile.write(b"HTTP/1.1 2")
                         self.close_connection = True
                     else:
                         self.send_response(status)
@@ -100,8 +100,13 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
-        self._server.daemon_threads = True
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass  # a client that hangs up (a sender's timeout) is part of the game
+
+        self._server = Server(("127.0.0.1", self._port), Handler)
         self._port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self

@@ -5,6 +5,7 @@
 #   3. integration tests over real client connections and the isolation specs, against a
 #      scratch cluster started here on 127.0.0.1 and stopped at the end
 #   4. a smoke run of the benchmark (bench/), so the harness cannot rot
+#   5. the short reliability suite (tests/reliability/): faults, load and hostile input
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -18,25 +19,28 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== 1/4 Rust unit tests and #[pg_test]s"
+echo "== 1/5 Rust unit tests and #[pg_test]s"
 mkdir -p "$scratch/pgrx" && chown postgres: "$scratch/pgrx" 2>/dev/null || true
 cargo pgrx test pg15 --runas postgres --pgdata "$scratch/pgrx/data"
 
-echo "== 2/4 build and install the extension"
+echo "== 2/5 build and install the extension"
 cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
 # Earlier versions' install scripts, for the upgrade tests (ALTER EXTENSION … UPDATE).
 cp sql/versions/outbox_ext--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 
-echo "== 3/4 integration tests and isolation specs against a scratch cluster"
+echo "== 3/5 integration tests and isolation specs against a scratch cluster"
 port=${OUTBOX_TEST_PORT:-54329}
 OUTBOX_WORKER_DATABASES=outbox_integration scripts/cluster.sh start "$scratch/cluster" "$port"
 OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
     .venv/bin/pytest tests/integration -q -p no:cacheprovider "$@"
 scripts/cluster.sh stop "$scratch/cluster"
 
-echo "== 4/4 benchmark smoke run (figures too short to quote)"
+echo "== 4/5 benchmark smoke run (figures too short to quote)"
 .venv/bin/python bench/bench.py --smoke --output "$scratch/bench" >"$scratch/bench.log" 2>&1 || {
     cat "$scratch/bench.log"
     exit 1
 }
 grep '^bench:' "$scratch/bench.log" | cut -c1-120
+
+echo "== 5/5 reliability suite, short run"
+.venv/bin/python tests/reliability/run.py --short

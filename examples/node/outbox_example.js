@@ -63,10 +63,11 @@ async function consume(client) {
           await client.query('SAVEPOINT message'); // one failure does not undo the others
           await sendEmail(client, message);
           await client.query('RELEASE SAVEPOINT message');
-          await client.query('SELECT outbox_complete($1)', [message.id]);
+          // $1::bigint: with untyped parameters the batch form (bigint[]) is a candidate too.
+          await client.query('SELECT outbox_complete($1::bigint)', [message.id]);
         } catch (error) {
           await client.query('ROLLBACK TO SAVEPOINT message');
-          await client.query('SELECT outbox_fail($1, $2)', [message.id, String(error.message)]);
+          await client.query('SELECT outbox_fail($1::bigint, $2)', [message.id, String(error.message)]);
         }
       }
       return rows.length;

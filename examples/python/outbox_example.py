@@ -25,7 +25,7 @@ def produce(conn, count):
         with conn.transaction():  # the booking and the email it owes: both, or neither
             booking_id = conn.execute(
                 "INSERT INTO bookings (room, guest_email) VALUES (%s, %s) RETURNING id", (n, guest)
-            ).fetchone()[0]
+            ).fetchone()["id"]
             conn.execute(
                 "SELECT id FROM outbox_enqueue('booking.created', %s, dedupe_key => %s)",
                 (Jsonb({"bookingId": booking_id, "guestEmail": guest}), f"booking-created:{booking_id}"),

@@ -59,10 +59,10 @@ def check_call(conn, sql, args, outcomes, problems):
     try:
         conn.execute(sql, args).fetchall()
         outcomes["ok"] += 1
-    except psycopg.OperationalError as error:
-        problems.append(f"connection lost on {sql} {args!r}: {error}")
-        raise
     except psycopg.Error as error:
+        if conn.closed:
+            problems.append(f"connection lost on {sql} {str(args)[:200]}: {error}")
+            raise
         state = error.sqlstate
         outcomes[state] += 1
         # None: refused by the client before sending (cannot happen: no NULs are generated).

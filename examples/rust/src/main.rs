@@ -89,11 +89,12 @@ async fn consume(client: &mut Client) -> Result<(), tokio_postgres::Error> {
             match send_email(&savepoint, public_id, &payload, attempts).await {
                 Ok(()) => {
                     savepoint.commit().await?;
-                    transaction.execute("SELECT outbox_complete($1)", &[&id]).await?;
+                    // $1::bigint: with an untyped parameter the batch form (bigint[]) is a candidate too.
+                    transaction.execute("SELECT outbox_complete($1::bigint)", &[&id]).await?;
                 }
                 Err(error) => {
                     savepoint.rollback().await?;
-                    transaction.execute("SELECT outbox_fail($1, $2)", &[&id, &error]).await?;
+                    transaction.execute("SELECT outbox_fail($1::bigint, $2)", &[&id, &error]).await?;
                 }
             }
         }
