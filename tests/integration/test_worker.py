@@ -344,7 +344,7 @@ def test_without_the_extension_the_worker_waits_quietly(worker, receiver):
     worker.execute("DROP EXTENSION outbox_ext CASCADE")
     time.sleep(3)  # fifteen polls
     assert worker_pid(worker) == pid, "no crash, no restart"
-    written = log.read_text(errors="replace")[log_before:]
+    written = log.read_bytes()[log_before:].decode(errors="replace")
     assert written.count("waits for CREATE EXTENSION outbox_ext") == 1, written
     assert "ERROR" not in written, written
 

@@ -100,9 +100,10 @@ def worker_pid(cluster):
 
 
 def rss_kb(pid):
+    """Private resident memory (RssAnon): shared buffers a process touches are not its own."""
     try:
         for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
+            if line.startswith("RssAnon:"):
                 return int(line.split()[1])
     except FileNotFoundError:
         return None
@@ -121,6 +122,7 @@ while True:
         # claim, record the effect and complete in one transaction: a crash undoes all of it
         with conn.transaction():
             ids = [r[0] for r in conn.execute("SELECT id FROM outbox_claim(20, lease => NULL)")]
+            time.sleep(0.005 * len(ids))  # the work
             conn.execute("INSERT INTO handled (message_id) SELECT unnest(%s::bigint[])", (ids,))
             conn.execute("SELECT outbox_complete(%s::bigint[])", (ids,))
     else:
@@ -129,7 +131,7 @@ while True:
         rows = conn.execute("SELECT id, lease_token FROM outbox_claim(20, lease => '2 seconds')").fetchall()
         for message_id, token in rows:
             conn.execute("INSERT INTO handled (message_id) VALUES (%s)", (message_id,))
-            time.sleep(0.002)
+            time.sleep(0.005)  # the work, done: a crash from here on means a duplicate
             conn.execute("SELECT outbox_complete(%s, %s)", (message_id, token))
         ids = rows
     if not ids:
@@ -141,7 +143,8 @@ def consumer_crashes(cluster, scale, style):
     reset(cluster)
     enqueue(cluster, scale.consumer_messages)
     command = [sys.executable, "-c", CONSUMER, style, DATABASE]
-    consumers = [subprocess.Popen(command) for _ in range(4)]
+    start = lambda: subprocess.Popen(command, stderr=subprocess.DEVNULL)  # they die noisily, on purpose
+    consumers = [start() for _ in range(4)]
     kills = 0
     rng = random.Random(7)
     try:
@@ -158,7 +161,7 @@ def consumer_crashes(cluster, scale, style):
                         " AND backend_type = 'client backend' AND query LIKE '%%outbox_c%%' LIMIT 1", (DATABASE,))
                 consumers[victim].kill()
                 consumers[victim].wait()
-            consumers[victim] = subprocess.Popen(command)
+            consumers[victim] = start()
             kills += 1
         last_fault = time.monotonic()
         wait_until(lambda: count(cluster, "SELECT count(*) FROM outbox WHERE status = 'DONE'") == scale.consumer_messages,
@@ -327,7 +330,7 @@ def table_locked(cluster, scale, receiver):
     wait_until(lambda: count(cluster, "SELECT count(*) FROM outbox WHERE status = 'DONE'") == 100,
                timeout=60, what="delivery after the lock")
     recovery = time.monotonic() - last_fault
-    log = cluster.server_log.read_text(errors="replace")[log_start:]
+    log = cluster.server_log.read_bytes()[log_start:].decode(errors="replace")
     said_so = "lock timeout" in log
     return {"scenario": f"outbox locked by an administrator for {scale.lock_seconds} s", "messages": 100, "lost": 0,
             "duplicated": len(receiver.requests) - 100, "recovery_s": recovery, "ok": said_so,
@@ -415,8 +418,8 @@ def soak(cluster, scale, receiver):
     return {"scenario": f"soak {seconds} s: 800 msg/s in, SQL consumers and the worker out", "messages": windows[-1][1],
             "lost": 0, "duplicated": 0, "recovery_s": None, "ok": flat,
             "note": (f"done/s {first:.0f} → {second:.0f}; claim p50 {latency_first:.2f} → {latency_second:.2f} ms; "
-                     f"worker RSS {worker_rss[0] // 1024 if worker_rss else '?'} → {worker_rss[-1] // 1024 if worker_rss else '?'} MB; "
-                     f"backends+worker RSS {memory[0] // 1024} → {memory[-1] // 1024} MB")}
+                     f"worker private RSS {worker_rss[0] // 1024 if worker_rss else '?'} → {worker_rss[-1] // 1024 if worker_rss else '?'} MB; "
+                     f"backends+worker private RSS {memory[0] // 1024} → {memory[-1] // 1024} MB")}
 
 
 # --------------------------------------------------------------------------------------------
