@@ -90,6 +90,7 @@ class Settings:
         self.delivery_in_flight = [8] if smoke else [1, 8, 32]
         self.generator_seconds = 2 if smoke else 8
         self.latency_messages = 20 if smoke else 300
+        self.churn_seconds = 5 if smoke else 90
 
 
 # --------------------------------------------------------------------------------------------
@@ -381,6 +382,43 @@ def long_transaction(cluster, s):
     return phases
 
 
+def churn(cluster, s):
+    """7. Table and index sizes after a churn run (1,000 msg/s in, consumers draining, DONE rows
+    purged every 5 s), with PostgreSQL's default storage settings for the table and with the
+    queue-tuned ones outbox_ext installs (sql/operations.sql)."""
+    tuned = ("fillfactor", "autovacuum_vacuum_scale_factor", "autovacuum_vacuum_threshold",
+             "autovacuum_vacuum_insert_scale_factor", "autovacuum_analyze_scale_factor", "autovacuum_vacuum_cost_delay")
+    with cluster.connect() as conn:
+        installed = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'outbox'::regclass").fetchone()[0]
+    rows = []
+    for name in ("default", "tuned"):
+        with cluster.connect() as conn:
+            conn.execute("TRUNCATE outbox")
+            if name == "default":
+                conn.execute(f"ALTER TABLE outbox RESET ({', '.join(tuned)})")
+            else:
+                conn.execute(f"ALTER TABLE outbox SET ({', '.join(installed)})")
+        producer = threading.Thread(target=pgbench, args=("produce_paced.sql", 4, s.churn_seconds), kwargs={"rate": 1000})
+        consumer = threading.Thread(target=pgbench, args=("drain_outbox_nolease.sql", 2, s.churn_seconds, {"batch": 20}))
+        producer.start()
+        consumer.start()
+        started = time.monotonic()
+        with cluster.connect() as conn:
+            while time.monotonic() - started < s.churn_seconds:
+                conn.execute("SELECT outbox_purge(interval '0', max_rows => 100000)")
+                time.sleep(5)
+            producer.join()
+            consumer.join()
+            table_mb, indexes_mb, dead = conn.execute(
+                "SELECT pg_table_size('outbox') / 1048576.0, pg_indexes_size('outbox') / 1048576.0, n_dead_tup"
+                "  FROM pg_stat_user_tables WHERE relname = 'outbox'").fetchone()
+        rows.append({"settings": name, "table_mb": float(table_mb), "indexes_mb": float(indexes_mb), "dead_tuples": dead})
+    with cluster.connect() as conn:
+        conn.execute(f"ALTER TABLE outbox SET ({', '.join(installed)})")
+        conn.execute("TRUNCATE outbox")
+    return rows
+
+
 def wrk_rate(url, connections, seconds):
     threads = min(2, connections)
     output = subprocess.run(
@@ -454,7 +492,7 @@ def machine():
 
 
 def report(results, s, path_md, path_png):
-    e, d, f, l, w, t = (results[k] for k in ("enqueue", "drain", "flat", "long_txn", "delivery", "latency"))
+    e, d, f, l, w, t, c = (results[k] for k in ("enqueue", "drain", "flat", "long_txn", "delivery", "latency", "churn"))
     lines = [
         f"# outbox_ext benchmark results{' (smoke run: too short to quote)' if s.smoke else ''}",
         "",
@@ -497,6 +535,12 @@ def report(results, s, path_md, path_png):
         "## 6. Latency from commit to the receiver (idle worker)",
         "",
         f"{t['messages']} messages: p50 **{t['p50_ms']:.1f} ms**, p99 **{t['p99_ms']:.1f} ms**, max {t['max_ms']:.1f} ms.",
+        "",
+        f"## 7. Table size after {s.churn_seconds} s of churn (1,000 msg/s, DONE purged every 5 s)",
+        "",
+        "| storage settings | table MB | indexes MB | dead tuples |",
+        "|---|---|---|---|",
+        *[f"| {r['settings']} | {r['table_mb']:.1f} | {r['indexes_mb']:.1f} | {r['dead_tuples']} |" for r in c],
         "",
     ]
     path_md.write_text("\n".join(lines))
@@ -558,6 +602,7 @@ def main():
         ("long_txn", lambda: long_transaction(cluster, s)),
         ("delivery", lambda: delivery(cluster, receiver, s)),
         ("latency", lambda: latency(cluster, receiver, s)),
+        ("churn", lambda: churn(cluster, s)),
     ]
     try:
         cluster.start()
