@@ -587,8 +587,8 @@ def report(results, s, path_md, path_png):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--port", type=int, default=54390)
-    parser.add_argument("--receiver-port", type=int, default=54391)
+    parser.add_argument("--port", type=int, default=25390)
+    parser.add_argument("--receiver-port", type=int, default=25391)
     parser.add_argument("--output", type=pathlib.Path, default=BENCH / "results")
     parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency)")
     args = parser.parse_args()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A scratch PostgreSQL 15 cluster for the demo and the tests, on 127.0.0.1 and a Unix socket
-# inside its own directory only.
+# inside its own directory only. Use a port below 32768: the kernel hands ports above it to
+# outgoing connections (the worker's, to a receiver), which can hold the one you want.
 #
 #   scripts/cluster.sh start DIR PORT   initdb (if needed) and start; prints nothing else
 #   scripts/cluster.sh stop DIR         stop (fast) if running
@@ -34,7 +35,11 @@ outbox.worker_databases = '${OUTBOX_WORKER_DATABASES:-}'
 ${OUTBOX_CLUSTER_CONF:-}
 CONF
     fi
-    as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+    if ! as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null; then
+        echo "cluster.sh: the server did not start; the end of $dir/server.log:" >&2
+        tail -n 20 "$dir/server.log" >&2
+        exit 1
+    fi
     ;;
 stop)
     if [ -f "$dir/data/postmaster.pid" ]; then

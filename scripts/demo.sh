@@ -11,7 +11,7 @@ echo "== building and installing outbox_ext"
 cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
 
 cluster=${OUTBOX_DEMO_DIR:-/tmp/outbox_ext-demo}
-port=${OUTBOX_DEMO_PORT:-54330}
+port=${OUTBOX_DEMO_PORT:-25330}
 receiver_port=${OUTBOX_DEMO_RECEIVER_PORT:-8787}
 receiver_log=$(mktemp /tmp/outbox_ext-demo-receiver.XXXXXX)
 stop_all() {

@@ -29,7 +29,7 @@ cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
 cp sql/versions/outbox_ext--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 
 echo "== 3/5 integration tests and isolation specs against a scratch cluster"
-port=${OUTBOX_TEST_PORT:-54329}
+port=${OUTBOX_TEST_PORT:-25329}
 OUTBOX_WORKER_DATABASES=outbox_integration scripts/cluster.sh start "$scratch/cluster" "$port"
 OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
     .venv/bin/pytest tests/integration -q -p no:cacheprovider "$@"

@@ -98,7 +98,6 @@ pub extern "C-unwind" fn outbox_worker_main(argument: pg_sys::Datum) {
     let mut worker = Worker::new(slot, database);
     worker.run();
 
-    registry::detach(slot);
     log!("outbox_ext: delivery worker for database \"{}\" stopped", worker.database);
     // Exit code 1 asks the postmaster to start us again after the restart time, unless it is
     // shutting down: a worker stopped with pg_terminate_backend comes back.

@@ -68,7 +68,7 @@ pub fn init() {
     IN_SHARED_MEMORY.store(true, Ordering::Relaxed);
 }
 
-/// Claims `slot` for the calling worker.
+/// Claims `slot` for the calling worker until it exits, however it exits.
 pub fn attach(slot: usize) {
     let mut registry = REGISTRY.exclusive();
     registry.slots[slot] = Slot {
@@ -78,10 +78,15 @@ pub fn attach(slot: usize) {
         started_at: unsafe { pg_sys::GetCurrentTimestamp() },
         ..Slot::default()
     };
+    drop(registry);
+    unsafe { pg_sys::before_shmem_exit(Some(detach_on_exit), pg_sys::Datum::from(slot)) };
 }
 
-pub fn detach(slot: usize) {
-    REGISTRY.exclusive().slots[slot] = Slot::default();
+/// Frees the worker's slot on the way out (a clean stop, or an ERROR that ends the worker), so
+/// the status shows no ghost and no producer sets a latch that is no longer the worker's.
+#[pg_guard]
+unsafe extern "C-unwind" fn detach_on_exit(_code: std::ffi::c_int, slot: pg_sys::Datum) {
+    REGISTRY.exclusive().slots[slot.value()] = Slot::default();
 }
 
 /// Updates the calling worker's slot.

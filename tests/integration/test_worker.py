@@ -258,8 +258,10 @@ def test_sigterm_lets_the_deliveries_in_flight_finish_and_records_them(worker, r
     done = worker.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0]
     assert done == 4, "the worker drained its batch and recorded it before exiting"
     assert len(receiver.requests) == 4
-    # It is started again (restart time 5 s) and goes on serving.
+    # It is started again (restart time 5 s) and goes on serving; the status shows it alone.
     eventually(lambda: worker_pid(worker), timeout=20, what="the worker to come back")
+    statuses = worker.execute("SELECT pid FROM outbox_worker_status()").fetchall()
+    assert statuses == [(worker_pid(worker),)], statuses
 
 
 def test_a_worker_killed_mid_batch_loses_nothing(worker, receiver):

@@ -452,7 +452,7 @@ def table(rows):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--short", action="store_true")
-    parser.add_argument("--port", type=int, default=54380)
+    parser.add_argument("--port", type=int, default=25380)
     parser.add_argument("--output", type=pathlib.Path)
     args = parser.parse_args()
     scale = Scale(args.short)
