@@ -259,9 +259,10 @@ def enqueue_cost(cluster, s):
     return rows
 
 
-def top_up(conn, table, backlog):
+def top_up(conn, table, backlog, keep_done=False):
     """Brings the number of ready PENDING rows of `table` back to `backlog` (direct inserts:
-    setting up, not measuring)."""
+    setting up, not measuring), and deletes its DONE rows unless they are the history being
+    measured."""
     missing = backlog - conn.execute(f"SELECT count(*) FROM {table} WHERE status = 'PENDING'").fetchone()[0]
     if missing > 0:
         if table == "outbox":
@@ -273,7 +274,8 @@ def top_up(conn, table, backlog):
                 "INSERT INTO essay_outbox (public_id, topic, payload, status, available_at) SELECT gen_random_uuid(), "
                 "'booking.created', %s::jsonb, 'PENDING', now() - interval '1 hour' FROM generate_series(1, %s)",
                 (PAYLOAD, missing))
-    conn.execute(f"DELETE FROM {table} WHERE status = 'DONE'")
+    if not keep_done:
+        conn.execute(f"DELETE FROM {table} WHERE status = 'DONE'")
     conn.execute(f"VACUUM ANALYZE {table}")
     conn.execute("CHECKPOINT")
 
@@ -317,21 +319,11 @@ def flat_cost(cluster, s):
             "INSERT INTO outbox (topic, payload, status, attempts, processed_at) SELECT 'booking.created', %s::jsonb, "
             "'DONE', 1, now() - interval '1 day' FROM generate_series(1, %s)", (PAYLOAD, s.history_rows))
         conn.execute("DELETE FROM outbox WHERE status = 'DONE' AND processed_at > now() - interval '1 hour'")
-        top_up_pending_only(conn, 50_000)
+        top_up(conn, "outbox", 50_000, keep_done=True)
         history = pgbench("drain_outbox.sql", 1, s.flat_seconds, {"batch": 10})[1]
         conn.execute("TRUNCATE outbox")
     return {"history_rows": s.history_rows, "latency_ms_empty": empty, "latency_ms_history": history,
             "ratio": history / empty}
-
-
-def top_up_pending_only(conn, backlog):
-    missing = backlog - conn.execute("SELECT count(*) FROM outbox WHERE status = 'PENDING'").fetchone()[0]
-    if missing > 0:
-        conn.execute(
-            "INSERT INTO outbox (topic, payload, available_at) SELECT 'booking.created', %s::jsonb, "
-            "clock_timestamp() - interval '1 hour' FROM generate_series(1, %s)", (PAYLOAD, missing))
-    conn.execute("VACUUM ANALYZE outbox")
-    conn.execute("CHECKPOINT")
 
 
 def long_transaction(cluster, s):
