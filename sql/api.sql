@@ -338,7 +338,8 @@ BEGIN
     -- the (lease_token IS NULL)::integer.
     UPDATE @extschema@.outbox o
        SET attempts = o.attempts + (o.lease_token IS NULL)::integer,
-           status = CASE WHEN o.attempts + (o.lease_token IS NULL)::integer >= max_attempts THEN 'DEAD' ELSE 'PENDING' END,
+           status = CASE WHEN o.attempts + (o.lease_token IS NULL)::integer >= max_attempts
+                         THEN 'DEAD'::@extschema@.outbox_status ELSE 'PENDING' END,
            processed_at = CASE WHEN o.attempts + (o.lease_token IS NULL)::integer >= max_attempts THEN clock_timestamp() END,
            available_at = CASE
                WHEN o.attempts + (o.lease_token IS NULL)::integer >= max_attempts THEN o.available_at

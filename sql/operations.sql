@@ -198,7 +198,7 @@ DECLARE
     cutoff   timestamptz;
     purged   bigint := 0;
     deleted  bigint;
-    finished text;
+    finished @extschema@.outbox_status;
 BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'outbox_purge: older_than must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -216,7 +216,7 @@ BEGIN
     END IF;
 
     cutoff := clock_timestamp() - older_than;
-    FOREACH finished IN ARRAY CASE WHEN include_dead THEN ARRAY['DONE', 'DEAD'] ELSE ARRAY['DONE'] END LOOP
+    FOREACH finished IN ARRAY CASE WHEN include_dead THEN '{DONE,DEAD}'::@extschema@.outbox_status[] ELSE '{DONE}' END LOOP
         EXIT WHEN purged >= max_rows;
         DELETE FROM @extschema@.outbox o
          WHERE o.ctid = ANY (ARRAY(

@@ -85,7 +85,7 @@ mod tests {
     #[pg_test]
     fn enqueue_returns_a_pending_row_with_a_v7_public_id() {
         let id: i64 = one("SELECT (outbox_enqueue('booking.created', '{\"bookingId\": 7}')).id");
-        assert_eq!(one::<String>(&format!("SELECT status FROM outbox WHERE id = {id}")), "PENDING");
+        assert_eq!(one::<String>(&format!("SELECT status::text FROM outbox WHERE id = {id}")), "PENDING");
         assert_eq!(one::<i32>(&format!("SELECT attempts FROM outbox WHERE id = {id}")), 0);
         assert_eq!(one::<String>(&format!("SELECT payload->>'bookingId' FROM outbox WHERE id = {id}")), "7");
         // Version nibble of a UUIDv7.

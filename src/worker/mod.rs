@@ -53,7 +53,7 @@ const SESSION_SETTINGS: &str = "SELECT pg_catalog.set_config('lock_timeout', '10
      pg_catalog.set_config('statement_timeout', '60s', false), \
      pg_catalog.set_config('synchronous_commit', 'off', false)";
 const PURGE: &str = "SELECT outbox_purge($1, false, $2)";
-const COMPLETE: &str = "SELECT outbox_complete($1, $2::uuid)";
+const COMPLETE_BATCH: &str = "SELECT outbox_complete($1::bigint[], $2::uuid[])";
 const FAIL: &str = "SELECT outbox_fail($1, $2, $3::uuid, $4)";
 
 /// Registers one worker per database of `outbox.worker_databases`. Called while preloading.
@@ -376,13 +376,27 @@ impl Worker {
             }
             drop(sender);
 
-            // Main thread: the only one that talks to Postgres.
-            for (j, outcome) in receiver {
+            // Main thread: the only one that talks to Postgres. It records outcomes as soon as
+            // they arrive, together with whatever else has arrived meanwhile: one transaction
+            // for one answer when the receiver is slow, one for many when it is fast.
+            let mut finished: Vec<(usize, Outcome)> = Vec::new();
+            let mut take = |(j, outcome): (usize, Outcome), finished: &mut Vec<(usize, Outcome)>| {
                 let (m, e) = jobs[j];
                 answers[m].push((endpoints[e].url.clone(), outcome));
                 unanswered[m] -= 1;
                 if unanswered[m] == 0 {
-                    self.record(&batch[m], &delivery::combine(&answers[m]));
+                    finished.push((m, delivery::combine(&answers[m])));
+                }
+            };
+            for answer in receiver.iter() {
+                take(answer, &mut finished);
+                while let Ok(answer) = receiver.try_recv() {
+                    take(answer, &mut finished);
+                }
+                if !finished.is_empty() {
+                    let outcomes: Vec<(&Claimed, Outcome)> =
+                        finished.drain(..).map(|(m, outcome)| (&batch[m], outcome)).collect();
+                    self.record_all(&outcomes);
                 }
                 let now_in_flight = in_flight.load(Ordering::Relaxed) as i32;
                 registry::update(self.slot, |s| s.in_flight = now_in_flight);
@@ -393,35 +407,43 @@ impl Worker {
 
     /// Records one message's outcome in a transaction of its own.
     fn record(&self, claimed: &Claimed, outcome: &Outcome) {
-        let still_held = BackgroundWorker::transaction(AssertUnwindSafe(|| match outcome {
-            Outcome::Delivered => Spi::get_one_with_args::<bool>(
-                COMPLETE,
-                &[claimed.id.into(), claimed.lease_token.clone().into()],
-            )
-            .expect("recording a delivery")
-            .unwrap_or(false),
-            Outcome::Failed { error, retry_after } => {
+        self.record_all(&[(claimed, outcome.clone())]);
+    }
+
+    /// Records the outcomes of several messages in one transaction: the deliveries with one
+    /// batch `outbox_complete`, each failure with `outbox_fail`.
+    fn record_all(&self, outcomes: &[(&Claimed, Outcome)]) {
+        let (delivered, failed): (Vec<_>, Vec<_>) =
+            outcomes.iter().partition(|(_, outcome)| matches!(outcome, Outcome::Delivered));
+        let no_longer_held = BackgroundWorker::transaction(AssertUnwindSafe(|| {
+            let mut no_longer_held = 0;
+            if !delivered.is_empty() {
+                let ids: Vec<i64> = delivered.iter().map(|(claimed, _)| claimed.id).collect();
+                let tokens: Vec<String> = delivered.iter().map(|(claimed, _)| claimed.lease_token.clone()).collect();
+                let completed = Spi::get_one_with_args::<i32>(COMPLETE_BATCH, &[ids.into(), tokens.into()])
+                    .expect("recording deliveries")
+                    .unwrap_or(0);
+                no_longer_held += delivered.len() - completed as usize;
+            }
+            for (claimed, outcome) in &failed {
+                let Outcome::Failed { error, retry_after } = outcome else { continue };
                 let retry_in = retry_after.map(|d| Interval::from_micros(d.as_micros() as i64));
-                Spi::get_one_with_args::<String>(
+                let recorded = Spi::get_one_with_args::<String>(
                     FAIL,
                     &[claimed.id.into(), error.clone().into(), claimed.lease_token.clone().into(), retry_in.into()],
                 )
-                .expect("recording a failed delivery")
-                .is_some()
+                .expect("recording a failed delivery");
+                no_longer_held += usize::from(recorded.is_none());
             }
+            no_longer_held
         }));
-        let delivered = matches!(outcome, Outcome::Delivered);
         registry::update(self.slot, |s| {
-            if delivered {
-                s.delivered += 1
-            } else {
-                s.failed += 1
-            }
+            s.delivered += delivered.len() as i64;
+            s.failed += failed.len() as i64;
         });
-        if !still_held {
+        if no_longer_held > 0 {
             log!(
-                "outbox_ext: message {} was no longer held when its outcome arrived (its lease ran out); it will be delivered again",
-                claimed.id
+                "outbox_ext: {no_longer_held} message(s) were no longer held when their outcome arrived (the lease ran out); they will be delivered again"
             );
         }
     }

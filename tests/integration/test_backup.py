@@ -29,7 +29,7 @@ def test_a_dump_and_restore_round_trip_keeps_pending_and_dead_messages(db):
             assert restored.execute(STATE).fetchall() == before
             assert restored.execute("SELECT available_at, processed_at, created_at FROM outbox ORDER BY id").fetchall() == timing
             assert restored.execute("SELECT topic, url, secret FROM outbox_subscription").fetchall() == subscriptions
-            assert restored.execute("SELECT status, count(*) FROM outbox GROUP BY 1 ORDER BY 1").fetchall() == [
+            assert restored.execute("SELECT status::text, count(*) FROM outbox GROUP BY 1 ORDER BY 1").fetchall() == [
                 ("DEAD", 1), ("DONE", 1), ("PENDING", 3)
             ]
             # New messages continue the sequence; dedupe keys still hold.

@@ -58,11 +58,14 @@ def test_bad_argument_is_refused_with_its_sqlstate(db, call, sqlstate, argument)
     assert db.execute("SELECT count(*), sum(attempts), max(id) FROM outbox").fetchone() == before
 
 
-def test_the_table_refuses_ill_formed_rows_written_directly(db):
-    with pytest.raises(psycopg.errors.CheckViolation):
-        db.execute("INSERT INTO outbox (topic, payload) VALUES ('bad topic', '{}')")
-    with pytest.raises(psycopg.errors.CheckViolation):
+def test_the_status_column_admits_only_the_three_states(db):
+    # The table has no CHECK constraints (they cost a fifth of the enqueue rate, see
+    # sql/schema.sql): the functions keep the other invariants, the enum keeps this one even
+    # for the owner writing directly.
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
         db.execute("INSERT INTO outbox (topic, payload, status) VALUES ('a.b', '{}', 'LOST')")
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+        db.execute("UPDATE outbox SET status = 'done'")
 
 
 def test_unknown_ids_are_answers_not_errors(db):

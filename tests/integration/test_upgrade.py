@@ -1,11 +1,16 @@
-"""ALTER EXTENSION outbox_ext UPDATE from the previous version keeps the data and ends with
+"""ALTER EXTENSION outbox_ext UPDATE from each previous version keeps the data and ends with
 exactly the objects, definitions and privileges of a fresh install."""
 
+import pathlib
+import subprocess
+
 import psycopg
+import pytest
 
 from conftest import DATABASE
 
-PREVIOUS = "0.1.0"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PREVIOUS = ["0.1.0", "0.2.0"]
 
 SCHEMA_FINGERPRINT = """
 SELECT 'object ' || pg_describe_object(d.classid, d.objid, 0)
@@ -37,14 +42,22 @@ def fresh_database(name):
     return psycopg.connect(dbname=name, autocommit=True)
 
 
-def test_update_from_the_previous_version_keeps_data_and_matches_a_fresh_install(database):
+def test_the_upgrade_script_is_generated_from_the_current_sources():
+    generated = subprocess.run([ROOT / "scripts/make-upgrade-script.sh", "--stdout"], check=True,
+                               capture_output=True, text=True).stdout
+    assert generated == (ROOT / "sql/outbox_ext--0.2.0--0.3.0.sql").read_text(), \
+        "run scripts/make-upgrade-script.sh after editing sql/api.sql, operations.sql or privileges.sql"
+
+
+@pytest.mark.parametrize("previous", PREVIOUS)
+def test_update_from_a_previous_version_keeps_data_and_matches_a_fresh_install(database, previous):
     with fresh_database("outbox_upgrade_fresh") as fresh:
         fresh.execute("CREATE EXTENSION outbox_ext")
         expected_schema = fresh.execute(SCHEMA_FINGERPRINT).fetchall()
         default_version = fresh.execute("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'").fetchone()[0]
 
     with fresh_database("outbox_upgrade_old") as old:
-        old.execute(f"CREATE EXTENSION outbox_ext VERSION '{PREVIOUS}'")
+        old.execute(f"CREATE EXTENSION outbox_ext VERSION '{previous}'")
         old.execute("SET outbox.max_attempts = 1")
         old.execute("SELECT outbox_enqueue('booking.created', jsonb_build_object('n', n), dedupe_key => 'k' || n) FROM generate_series(1, 5) n")
         old.execute("SELECT outbox_complete(1)")
