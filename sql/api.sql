@@ -9,77 +9,21 @@
 -- NULL where a value is required is SQLSTATE 22004, a value out of range or ill-formed is 22023,
 -- a string too long for its column is 22001. Messages name the function and the argument.
 
--- enqueue: record a message in the caller's transaction.
+-- enqueue: record a message in the caller's transaction. outbox_enqueue, outbox_claim and
+-- outbox_complete are written in Rust (src/hot_path/): they run in every producer's and
+-- consumer's transaction, and C functions with plans kept per session cost a fraction of
+-- PL/pgSQL ones. They have no SET search_path: their statements (sql/hot_path/) name every
+-- schema, function and operator in full instead, so a caller's search_path cannot change what
+-- they run. A concurrent producer with the same dedupe_key waits for the first one's
+-- transaction, then gets its message.
 CREATE OR REPLACE FUNCTION outbox_enqueue(
     topic      text,
     payload    jsonb,
     delay      interval DEFAULT '0',
     dedupe_key text     DEFAULT NULL
 ) RETURNS outbox
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    message @extschema@.outbox;
-BEGIN
-    -- The check is a cheap expression; the function that explains what is wrong runs only
-    -- when something is.
-    IF outbox_enqueue.topic IS NULL OR NOT @extschema@.outbox_topic_is_valid(outbox_enqueue.topic) THEN
-        PERFORM @extschema@.outbox_check_topic('outbox_enqueue', 'topic', outbox_enqueue.topic);
-    END IF;
-    IF outbox_enqueue.payload IS NULL THEN
-        RAISE EXCEPTION 'outbox_enqueue: payload must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed', HINT = 'Use ''{}''::jsonb for an empty payload.';
-    END IF;
-    IF outbox_enqueue.delay IS NULL THEN
-        RAISE EXCEPTION 'outbox_enqueue: delay must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF outbox_enqueue.delay < interval '0' THEN
-        RAISE EXCEPTION 'outbox_enqueue: delay must not be negative, got %', outbox_enqueue.delay
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    -- When this transaction commits, an idle delivery worker starts at once.
-    PERFORM @extschema@.outbox_wake_worker_at_commit();
-
-    IF outbox_enqueue.dedupe_key IS NULL THEN
-        INSERT INTO @extschema@.outbox (topic, payload, available_at)
-        VALUES (outbox_enqueue.topic, outbox_enqueue.payload, clock_timestamp() + outbox_enqueue.delay)
-        RETURNING * INTO message;
-        RETURN message;
-    END IF;
-
-    IF outbox_enqueue.dedupe_key = '' THEN
-        RAISE EXCEPTION 'outbox_enqueue: dedupe_key must not be empty (pass NULL for no key)'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF length(outbox_enqueue.dedupe_key) > 255 THEN
-        RAISE EXCEPTION 'outbox_enqueue: dedupe_key is longer than 255 characters'
-            USING ERRCODE = 'string_data_right_truncation';
-    END IF;
-
-    -- A concurrent producer with the same key makes the INSERT wait for its transaction:
-    -- if it commits, ours does nothing and the SELECT (a new snapshot) sees its row; if it
-    -- rolls back, ours inserts. The loop covers a row deleted between the two statements.
-    LOOP
-        INSERT INTO @extschema@.outbox (topic, payload, available_at, dedupe_key)
-        VALUES (outbox_enqueue.topic, outbox_enqueue.payload,
-                clock_timestamp() + outbox_enqueue.delay, outbox_enqueue.dedupe_key)
-        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-        RETURNING * INTO message;
-        IF FOUND THEN
-            RETURN message;
-        END IF;
-
-        SELECT * INTO message FROM @extschema@.outbox o WHERE o.dedupe_key = outbox_enqueue.dedupe_key;
-        IF FOUND THEN
-            RETURN message;
-        END IF;
-    END LOOP;
-END
-$$;
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'outbox_enqueue_c';
 
 COMMENT ON FUNCTION outbox_enqueue(text, jsonb, interval, text) IS
 'Records a message in the caller''s transaction (never commits). delay schedules it for later; a dedupe_key already present returns the existing message instead of a second one.';
@@ -142,163 +86,24 @@ CREATE OR REPLACE FUNCTION outbox_claim(
     topics     text[]   DEFAULT NULL,
     lease      interval DEFAULT '30 seconds'
 ) RETURNS SETOF outbox
-LANGUAGE plpgsql VOLATILE ROWS 10 SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    -- One reading of the clock for the whole claim: readiness is judged by it (not by the
-    -- start of the caller's transaction) and, as a parameter, it lets the index seek.
-    claimed_at   timestamptz := clock_timestamp();
-    max_attempts integer;
-    wanted_topic text;
-BEGIN
-    IF outbox_claim.batch_size IS NULL THEN
-        RAISE EXCEPTION 'outbox_claim: batch_size must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF outbox_claim.batch_size < 1 OR outbox_claim.batch_size > 10000 THEN
-        RAISE EXCEPTION 'outbox_claim: batch_size must be between 1 and 10000, got %', outbox_claim.batch_size
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF outbox_claim.topics IS NOT NULL THEN
-        FOREACH wanted_topic IN ARRAY outbox_claim.topics LOOP
-            PERFORM @extschema@.outbox_check_topic('outbox_claim', 'topics', wanted_topic);
-        END LOOP;
-    END IF;
-    IF outbox_claim.lease <= interval '0' THEN
-        RAISE EXCEPTION 'outbox_claim: lease must be positive, got %', outbox_claim.lease
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    max_attempts := @extschema@.outbox_max_attempts();
-
-    IF outbox_claim.lease IS NULL THEN
-        -- No lease: the rows stay locked until the caller's transaction ends, and nothing is
-        -- written. The caller completes or fails them in that transaction (outbox_fail counts
-        -- the attempt); if it rolls back or dies, they are as if never claimed.
-        RETURN QUERY
-        WITH ready AS (
-            SELECT o AS message
-              FROM @extschema@.outbox o
-             WHERE o.status = 'PENDING'
-               AND o.available_at <= claimed_at
-               AND (outbox_claim.topics IS NULL OR o.topic = ANY (outbox_claim.topics))
-             ORDER BY o.available_at, o.id
-             LIMIT outbox_claim.batch_size
-               FOR UPDATE SKIP LOCKED
-        ),
-        exhausted AS (
-            UPDATE @extschema@.outbox o
-               SET status = 'DEAD',
-                   processed_at = claimed_at,
-                   lease_token = NULL,
-                   last_error = @extschema@.outbox_exhausted_error(o.attempts, max_attempts, o.lease_token, o.last_error)
-              FROM ready
-             WHERE o.id = (ready.message).id AND (ready.message).attempts >= max_attempts
-        )
-        SELECT (ready.message).* FROM ready
-         WHERE (ready.message).attempts < max_attempts
-         ORDER BY (ready.message).available_at, (ready.message).id;
-        RETURN;
-    END IF;
-
-    RETURN QUERY
-    WITH ready AS (
-        SELECT o.id, o.available_at, o.attempts
-          FROM @extschema@.outbox o
-         WHERE o.status = 'PENDING'
-           AND o.available_at <= claimed_at
-           AND (outbox_claim.topics IS NULL OR o.topic = ANY (outbox_claim.topics))
-         ORDER BY o.available_at, o.id
-         LIMIT outbox_claim.batch_size
-           FOR UPDATE SKIP LOCKED
-    ),
-    -- Out of attempts without an outcome: dead-letter instead of delivering again.
-    exhausted AS (
-        UPDATE @extschema@.outbox o
-           SET status = 'DEAD',
-               processed_at = claimed_at,
-               lease_token = NULL,
-               last_error = @extschema@.outbox_exhausted_error(o.attempts, max_attempts, o.lease_token, o.last_error)
-          FROM ready
-         WHERE o.id = ready.id AND ready.attempts >= max_attempts
-    ),
-    claimed AS (
-        UPDATE @extschema@.outbox o
-           SET attempts = o.attempts + 1,
-               available_at = claimed_at + outbox_claim.lease,
-               lease_token = gen_random_uuid()
-          FROM ready
-         WHERE o.id = ready.id AND ready.attempts < max_attempts
-        RETURNING o AS message, ready.available_at AS ready_at
-    )
-    SELECT (claimed.message).* FROM claimed ORDER BY claimed.ready_at, (claimed.message).id;
-END
-$$;
+LANGUAGE c VOLATILE ROWS 10 SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'outbox_claim_c';
 
 COMMENT ON FUNCTION outbox_claim(integer, text[], interval) IS
 'Claims up to batch_size ready PENDING messages (of the given topics, or all), oldest-ready first, with FOR UPDATE SKIP LOCKED. With a lease, each claim is a delivery: attempts += 1, a new lease_token, and available_at = clock + lease. With lease NULL the rows are only locked until the caller''s transaction ends.';
 
 -- complete: the message was handled.
 CREATE OR REPLACE FUNCTION outbox_complete(id bigint, lease_token uuid DEFAULT NULL) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-BEGIN
-    IF outbox_complete.id IS NULL THEN
-        RAISE EXCEPTION 'outbox_complete: id must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-
-    UPDATE @extschema@.outbox o
-       SET status = 'DONE', processed_at = clock_timestamp()
-     WHERE o.id = outbox_complete.id
-       AND o.status = 'PENDING'
-       AND (outbox_complete.lease_token IS NULL OR o.lease_token = outbox_complete.lease_token);
-    RETURN FOUND;
-END
-$$;
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'outbox_complete_c';
 
 COMMENT ON FUNCTION outbox_complete(bigint, uuid) IS
 'Marks a PENDING message DONE. True when this call completed it; false when the caller no longer holds it (already done or dead, or re-claimed by another consumer so lease_token is stale). Without a lease_token any PENDING message is completed.';
 
 -- complete, batch form: ids[i] is completed when lease_tokens[i] still holds it.
 CREATE OR REPLACE FUNCTION outbox_complete(ids bigint[], lease_tokens uuid[] DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    completed integer;
-BEGIN
-    IF ids IS NULL THEN
-        RAISE EXCEPTION 'outbox_complete: ids must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF array_position(ids, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'outbox_complete: ids must not contain NULL'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF lease_tokens IS NOT NULL AND cardinality(lease_tokens) <> cardinality(ids) THEN
-        RAISE EXCEPTION 'outbox_complete: lease_tokens has % elements but ids has %',
-                cardinality(lease_tokens), cardinality(ids)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    WITH done AS (
-        UPDATE @extschema@.outbox o
-           SET status = 'DONE', processed_at = clock_timestamp()
-          FROM unnest(ids, lease_tokens) AS wanted(id, lease_token)
-         WHERE o.id = wanted.id
-           AND o.status = 'PENDING'
-           AND (wanted.lease_token IS NULL OR o.lease_token = wanted.lease_token)
-        RETURNING 1
-    )
-    SELECT count(*) INTO completed FROM done;
-    RETURN completed;
-END
-$$;
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'outbox_complete_batch_c';
 
 COMMENT ON FUNCTION outbox_complete(bigint[], uuid[]) IS
 'Batch form of outbox_complete: returns how many of the messages this call completed.';

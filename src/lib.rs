@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 mod api;
 mod backoff;
 mod delivery;
+mod hot_path;
 mod errors;
 mod settings;
 mod subscriptions;

@@ -1,7 +1,8 @@
 //! What a topic may look like: an event name such as `booking.created` or `invoice:paid`.
 //!
-//! One definition serves the table's CHECK constraint (`outbox_topic_is_valid`) and the
-//! argument checks of the API (`outbox_check_topic`), so they can never disagree.
+//! One definition serves the argument checks of the API (`outbox_check_topic`, and
+//! `outbox_enqueue` directly) and the CHECK constraint of `outbox_subscription`
+//! (`outbox_topic_is_valid`), so they can never disagree.
 
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
@@ -35,7 +36,7 @@ pub fn check(topic: &str) -> Result<(), TopicProblem> {
     }
 }
 
-/// True when `topic` is a well-formed event name. Used by the table's CHECK constraint.
+/// True when `topic` is a well-formed event name.
 #[pg_extern(immutable, strict, parallel_safe)]
 fn outbox_topic_is_valid(topic: &str) -> bool {
     check(topic).is_ok()
@@ -45,6 +46,11 @@ fn outbox_topic_is_valid(topic: &str) -> bool {
 /// argument; returns quietly for a good one.
 #[pg_extern(immutable, parallel_safe)]
 fn outbox_check_topic(function: &str, argument: &str, topic: Option<&str>) {
+    require_valid(function, argument, topic);
+}
+
+/// The body of `outbox_check_topic`, for callers in Rust.
+pub fn require_valid(function: &str, argument: &str, topic: Option<&str>) {
     let Some(topic) = topic else {
         ereport!(
             ERROR,

@@ -126,6 +126,11 @@ unsafe extern "C-unwind" fn on_transaction_end(event: pg_sys::XactEvent::Type, _
 /// worker(s) so an idle worker does not wait for its next poll.
 #[pg_extern(volatile, parallel_unsafe)]
 fn outbox_wake_worker_at_commit() {
+    wake_worker_at_commit();
+}
+
+/// The body of `outbox_wake_worker_at_commit`, for callers in Rust.
+pub fn wake_worker_at_commit() {
     if !IN_SHARED_MEMORY.load(Ordering::Relaxed) {
         return; // not preloaded: there is no worker to wake
     }

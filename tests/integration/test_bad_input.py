@@ -19,6 +19,8 @@ CASES = [
     ("outbox_enqueue('booking.created', NULL)", NULL_VALUE, "payload"),
     ("outbox_enqueue('booking.created', '{}', NULL)", NULL_VALUE, "delay"),
     ("outbox_enqueue('booking.created', '{}', interval '-1 second')", INVALID, "delay"),
+    # Judged like `delay < interval '0'`: a month counts 30 days.
+    ("outbox_enqueue('booking.created', '{}', interval '1 month -31 days')", INVALID, "delay"),
     ("outbox_enqueue('booking.created', '{}', dedupe_key => '')", INVALID, "dedupe_key"),
     ("outbox_enqueue('booking.created', '{}', dedupe_key => repeat('k', 256))", TOO_LONG, "dedupe_key"),
     ("outbox_enqueue_batch(NULL, ARRAY['{}'::jsonb])", NULL_VALUE, "topic"),
@@ -34,6 +36,7 @@ CASES = [
     ("outbox_claim(10, ARRAY['booking.created', 'not a topic'])", INVALID, "topics"),
     ("outbox_claim(10, NULL, interval '0')", INVALID, "lease"),
     ("outbox_claim(10, NULL, interval '-5 seconds')", INVALID, "lease"),
+    ("outbox_claim(10, NULL, interval '1 month -30 days')", INVALID, "lease"),
     ("outbox_complete(NULL::bigint)", NULL_VALUE, "id"),
     ("outbox_complete(NULL::bigint[])", NULL_VALUE, "ids"),
     ("outbox_complete(ARRAY[1, NULL]::bigint[])", NULL_VALUE, "ids"),
@@ -66,6 +69,12 @@ def test_the_status_column_admits_only_the_three_states(db):
         db.execute("INSERT INTO outbox (topic, payload, status) VALUES ('a.b', '{}', 'LOST')")
     with pytest.raises(psycopg.errors.InvalidTextRepresentation):
         db.execute("UPDATE outbox SET status = 'done'")
+
+
+def test_mixed_sign_intervals_that_add_up_to_more_than_zero_are_accepted(db):
+    delayed = db.execute("SELECT available_at - clock_timestamp() FROM outbox_enqueue('booking.created', '{}', interval '1 month -29 days')").fetchone()[0]
+    assert 0.9 < delayed.total_seconds() / 86400 <= 1
+    assert db.execute("SELECT count(*) FROM outbox_claim(10, NULL, interval '1 month -29 days')").fetchone()[0] == 0
 
 
 def test_unknown_ids_are_answers_not_errors(db):

@@ -1,0 +1,13 @@
+-- outbox_claim, first step: lock up to $3 ready messages (of the topics $2, or all), oldest
+-- ready first, skipping rows other consumers hold. $1 is the claim's reading of the clock: as
+-- a parameter it lets the seek on outbox_ready_idx start at the right place.
+-- Planned once per session and kept (src/hot_path/): every name is qualified, operators
+-- included, so the caller's search_path cannot change what it runs.
+SELECT o, o.id, o.attempts
+  FROM @extschema@.outbox o
+ WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   AND o.available_at OPERATOR(pg_catalog.<=) $1
+   AND ($2::pg_catalog.text[] IS NULL OR o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($2))
+ ORDER BY o.available_at, o.id
+ LIMIT $3
+   FOR UPDATE SKIP LOCKED

@@ -1,0 +1,8 @@
+-- outbox_complete: $1 ids, $2 their lease tokens (NULL: any holder). A message is completed
+-- only while PENDING and, with a token, only while that token still holds it.
+UPDATE @extschema@.outbox o
+   SET status = 'DONE', processed_at = pg_catalog.clock_timestamp()
+  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS wanted(id, lease_token)
+ WHERE o.id OPERATOR(pg_catalog.=) wanted.id
+   AND o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   AND (wanted.lease_token IS NULL OR o.lease_token OPERATOR(pg_catalog.=) wanted.lease_token)
