@@ -135,7 +135,12 @@ unsafe fn keep_plan(query: &str, schema_name: &str, argument_types: &[pg_sys::Bu
     let query = CString::new(query.replace("@extschema@", schema_name)).expect("no NUL in the queries");
     let mut types: Vec<pg_sys::Oid> = argument_types.iter().map(|t| t.value()).collect();
     unsafe {
-        let plan = pg_sys::SPI_prepare(query.as_ptr(), types.len() as i32, types.as_mut_ptr());
+        // Always the generic plan: PostgreSQL would otherwise plan every call afresh whenever a
+        // plan for the actual values looks cheaper (LIMIT 1 does), which is the cost we keep
+        // plans to avoid. Each statement has one sensible plan (tests/integration/
+        // test_claim_plan.py checks the claim's).
+        let options = pg_sys::CURSOR_OPT_GENERIC_PLAN as i32;
+        let plan = pg_sys::SPI_prepare_cursor(query.as_ptr(), types.len() as i32, types.as_mut_ptr(), options);
         if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
             let code = pg_sys::SPI_result;
             error!("outbox_ext: preparing a statement failed (SPI result {code})");
