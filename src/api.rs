@@ -1,7 +1,8 @@
-//! The SQL API. The functions callers use (`outbox_enqueue`, `outbox_claim`,
-//! `outbox_complete`, `outbox_fail`) are written in SQL (`sql/api.sql`) so their plans are
-//! cached and they run in the caller's transaction; the pieces they need from Rust (message
-//! ids, the retry policy, the settings) are defined here.
+//! The SQL API. `sql/api.sql` declares the functions callers use; `outbox_enqueue`,
+//! `outbox_claim` and `outbox_complete` are implemented in `hot_path` (C functions with plans
+//! kept per session), `outbox_fail` and `outbox_enqueue_batch` in PL/pgSQL. All run in the
+//! caller's transaction. The pieces the SQL needs from Rust (message ids, the retry policy, the
+//! settings) are defined here.
 
 use crate::errors::invalid_argument;
 use crate::settings;

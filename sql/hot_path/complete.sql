@@ -1,5 +1,5 @@
--- outbox_complete: $1 ids, $2 their lease tokens (NULL: any holder). A message is completed
--- only while PENDING and, with a token, only while that token still holds it.
+-- outbox_complete with lease tokens: $1 ids, $2 their tokens (an element NULL: any holder). A
+-- message is completed only while PENDING and only while its token still holds it.
 UPDATE @extschema@.outbox o
    SET status = 'DONE', processed_at = pg_catalog.clock_timestamp()
   FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS wanted(id, lease_token)

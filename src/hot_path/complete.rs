@@ -59,7 +59,10 @@ pub unsafe extern "C-unwind" fn outbox_complete_batch_c(fcinfo: pg_sys::Function
 unsafe fn complete(fcinfo: pg_sys::FunctionCallInfo, ids: Option<pg_sys::Datum>, tokens: Option<pg_sys::Datum>) -> usize {
     unsafe {
         let spi = SpiCall::connect("outbox_complete", fcinfo);
-        let completed = spi.run(spi.plans.complete, &[ids, tokens]);
+        let completed = match tokens {
+            Some(_) => spi.run(spi.plans.complete, &[ids, tokens]),
+            None => spi.run(spi.plans.complete_any_holder, &[ids]),
+        };
         spi.finish();
         completed
     }

@@ -42,6 +42,7 @@ struct Plans {
     claim_dead_letter: pg_sys::SPIPlanPtr,
     claim_lease: pg_sys::SPIPlanPtr,
     complete: pg_sys::SPIPlanPtr,
+    complete_any_holder: pg_sys::SPIPlanPtr,
 }
 
 thread_local! {
@@ -125,6 +126,7 @@ unsafe fn session_plans(schema: pg_sys::Oid) -> Plans {
             ),
             claim_lease: keep(include_str!("../../sql/hot_path/claim_lease.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]),
             complete: keep(include_str!("../../sql/hot_path/complete.sql"), &[INT8ARRAYOID, UUIDARRAYOID]),
+            complete_any_holder: keep(include_str!("../../sql/hot_path/complete_any_holder.sql"), &[INT8ARRAYOID]),
         };
         *plans = Some(fresh);
         fresh

@@ -98,3 +98,48 @@ def test_a_hostile_search_path_cannot_hijack_the_api(db, roles):
         attacker.execute("SELECT interval '1 second' < interval '2 seconds'")
         assert attacker.execute("SELECT count(*) FROM evil.ran_as").fetchone()[0] == 1
     assert db.execute("SELECT count(*) FROM outbox WHERE topic = 'booking.created'").fetchone()[0] == 1
+
+
+def test_a_hostile_search_path_cannot_hijack_the_kept_plans_of_claim_and_complete(db, roles):
+    """outbox_enqueue, outbox_claim and outbox_complete keep their plans for the session and
+    have no pinned search_path: their statements qualify every operator instead. Look-alike
+    operators for exactly the types they compare, which would win over pg_catalog's generic
+    ones (an exact type match beats anyenum), must not run, through a whole produce-consume
+    cycle with and without a lease."""
+    db.execute("CREATE SCHEMA evil AUTHORIZATION app_producer")
+    db.execute("GRANT USAGE ON SCHEMA evil TO PUBLIC")
+    traps = [
+        ("=", "bigint", "bigint", "int8eq"),
+        ("=", "public.outbox_status", "public.outbox_status", "enum_eq"),
+        ("<=", "timestamptz", "timestamptz", "timestamptz_le"),
+        ("+", "timestamptz", "interval", "timestamptz_pl_interval"),
+        ("+", "integer", "integer", "int4pl"),
+        ("=", "text", "text", "texteq"),
+    ]
+    with connect(user="app_producer", autocommit=True) as attacker:
+        attacker.execute("CREATE TABLE evil.ran_as (who text)")
+        attacker.execute("GRANT INSERT ON evil.ran_as TO PUBLIC")
+        for n, (operator, left, right, builtin) in enumerate(traps):
+            returns = "timestamptz" if left == "timestamptz" and operator == "+" else ("integer" if operator == "+" else "boolean")
+            attacker.execute(
+                f"""CREATE FUNCTION evil.trap{n}({left}, {right}) RETURNS {returns} LANGUAGE sql AS
+                    $$ INSERT INTO evil.ran_as VALUES (current_user); SELECT pg_catalog.{builtin}($1, $2) $$"""
+            )
+            attacker.execute(f"CREATE OPERATOR evil.{operator} (LEFTARG = {left}, RIGHTARG = {right}, FUNCTION = evil.trap{n})")
+        attacker.execute("SET search_path = evil, pg_catalog, public")
+        for n in range(4):
+            attacker.execute("SELECT outbox_enqueue('booking.created', '{}', dedupe_key => %s)", (f"k{n % 3}",))
+    with connect(user="app_consumer", autocommit=True) as victim:
+        victim.execute("SET search_path = evil, pg_catalog, public")
+        # The trap works when the API is not involved.
+        victim.execute("SELECT 1::bigint = 1::bigint")
+        assert db.execute("SELECT count(*) FROM evil.ran_as").fetchone()[0] == 1
+        for _ in range(7):  # past the plan cache's first five calls
+            with victim.transaction():
+                held = victim.execute("SELECT id, lease_token FROM outbox_claim(1)").fetchall()
+                for id, token in held:
+                    assert victim.execute("SELECT outbox_complete(%s::bigint, %s::uuid)", (id, token)).fetchone()[0]
+                locked = victim.execute("SELECT array_agg(id) FROM outbox_claim(5, ARRAY['booking.created'], NULL)").fetchone()[0]
+                victim.execute("SELECT outbox_complete(%s::bigint[])", (locked or [],))
+        assert db.execute("SELECT count(*) FROM evil.ran_as").fetchone()[0] == 1
+    assert db.execute("SELECT count(*) FILTER (WHERE status = 'DONE'), count(*) FROM outbox").fetchone() == (3, 3)

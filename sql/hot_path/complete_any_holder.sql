@@ -1,0 +1,6 @@
+-- outbox_complete without lease tokens: $1 ids, completed while PENDING, whoever holds them.
+-- (The consumer that claimed with lease => NULL holds their row locks: nobody else can.)
+UPDATE @extschema@.outbox o
+   SET status = 'DONE', processed_at = pg_catalog.clock_timestamp()
+ WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
+   AND o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
