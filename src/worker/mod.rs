@@ -48,7 +48,7 @@ const UNSUBSCRIBED_TOPICS: &str = include_str!("../../sql/worker/unsubscribed_to
 /// worker is started again after its restart time instead of hanging. The worker's commits do
 /// not wait for the WAL flush: losing the last outcomes in a server crash only means those
 /// messages are delivered again (at least once), never lost, and it lets one worker record
-/// thousands of outcomes a second, each in its own transaction.
+/// thousands of outcomes a second.
 const SESSION_SETTINGS: &str = "SELECT pg_catalog.set_config('lock_timeout', '10s', false), \
      pg_catalog.set_config('statement_timeout', '60s', false), \
      pg_catalog.set_config('synchronous_commit', 'off', false)";
@@ -405,7 +405,7 @@ impl Worker {
         registry::update(self.slot, |s| s.in_flight = 0);
     }
 
-    /// Records one message's outcome in a transaction of its own.
+    /// Records one message's outcome (a message whose subscriptions vanished).
     fn record(&self, claimed: &Claimed, outcome: &Outcome) {
         self.record_all(&[(claimed, outcome.clone())]);
     }
