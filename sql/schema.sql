@@ -34,11 +34,11 @@ CREATE TABLE outbox (
 );
 
 -- No CHECK constraints, on purpose. PostgreSQL 15 rebuilds every CHECK of a table from its
--- stored text for each INSERT or UPDATE statement: one CHECK cost 18% of the enqueue rate and
--- four cost 30% (bench/README.md). Every write goes through the functions in sql/api.sql and
--- sql/operations.sql (nobody else has rights on the table), and they keep the invariants the
--- constraints stated: a valid topic, attempts >= 0, and processed_at set exactly when the
--- status is not PENDING. tests/reliability/hostile.py checks them after its random calls.
+-- stored text for each INSERT or UPDATE statement: one CHECK cost 18% of the insert rate, and
+-- the four this table had about a fifth (bench/README.md). Every write goes through the
+-- functions in sql/api.sql and sql/operations.sql (no role may write to the table), and they
+-- keep the invariants the constraints stated: a valid topic, attempts >= 0, and processed_at
+-- set exactly when the status is not PENDING. tests/reliability/hostile.py checks them after its random calls.
 
 COMMENT ON TABLE outbox IS 'Work owed by committed transactions: PENDING until a consumer completes it (DONE) or it runs out of attempts (DEAD).';
 
