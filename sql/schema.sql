@@ -38,7 +38,8 @@ CREATE TABLE outbox (
 -- the four this table had about a fifth (bench/README.md). Every write goes through the
 -- functions in sql/api.sql and sql/operations.sql (no role may write to the table), and they
 -- keep the invariants the constraints stated: a valid topic, attempts >= 0, and processed_at
--- set exactly when the status is not PENDING. tests/reliability/hostile.py checks them after its random calls.
+-- set exactly when the status is not PENDING. tests/reliability/hostile.py checks them after
+-- its random calls.
 
 COMMENT ON TABLE outbox IS 'Work owed by committed transactions: PENDING until a consumer completes it (DONE) or it runs out of attempts (DEAD).';
 
