@@ -2,10 +2,11 @@
 -- caller's COMMIT is what makes the business change and the work it owes durable together.
 --
 -- The functions run with the extension owner's rights (SECURITY DEFINER), so a role granted
--- outbox_producer or outbox_consumer needs no rights on the table (sql/privileges.sql). Their
--- search_path is pinned to pg_catalog and they reference the extension's objects as
--- @extschema@.name: nothing a caller puts on its search_path can stand in for an operator or
--- a function they use. Arguments are checked before anything is written:
+-- outbox_producer or outbox_consumer needs no rights on the table (sql/privileges.sql).
+-- Nothing a caller puts on its search_path can stand in for an operator or a function they
+-- use: the PL/pgSQL and SQL ones pin search_path to pg_catalog and reference the extension's
+-- objects as @extschema@.name, the C ones (below) qualify every name in their statements.
+-- Arguments are checked before anything is written:
 -- NULL where a value is required is SQLSTATE 22004, a value out of range or ill-formed is 22023,
 -- a string too long for its column is 22001. Messages name the function and the argument.
 
