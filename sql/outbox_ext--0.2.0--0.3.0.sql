@@ -32,8 +32,8 @@ CREATE INDEX outbox_ready_idx ON outbox (available_at, id) WHERE status = 'PENDI
 
 -- enqueue: record a message in the caller's transaction. outbox_enqueue, outbox_claim and
 -- outbox_complete are written in Rust (src/hot_path/): they run in every producer's and
--- consumer's transaction, and C functions with plans kept per session cost a fraction of
--- PL/pgSQL ones. They have no SET search_path: their statements (sql/hot_path/) name every
+-- consumer's transaction, and C functions with plans kept per session cost less than the
+-- PL/pgSQL ones they replaced (bench/README.md). They have no SET search_path: their statements (sql/hot_path/) name every
 -- schema, function and operator in full instead, so a caller's search_path cannot change what
 -- they run. A concurrent producer with the same dedupe_key waits for the first one's
 -- transaction, then gets its message.

@@ -100,7 +100,7 @@ pub fn register_worker(preloading: bool) {
         c"",
         &WORKER_BATCH_SIZE,
         1,
-        10_000,
+        crate::hot_path::MAX_BATCH_SIZE, // the worker claims through outbox_claim
         GucContext::Sighup,
         GucFlags::default(),
     );

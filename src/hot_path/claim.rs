@@ -13,8 +13,8 @@ use pgrx::prelude::*;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
-/// The largest batch one call may claim.
-const MAX_BATCH_SIZE: i32 = 10_000;
+/// The largest batch one call may claim (and so the largest `outbox.worker_batch_size`).
+pub(crate) const MAX_BATCH_SIZE: i32 = 10_000;
 
 function_info_v1!(pg_finfo_outbox_claim_c);
 

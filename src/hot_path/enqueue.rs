@@ -18,10 +18,7 @@ function_info_v1!(pg_finfo_outbox_enqueue_c);
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn outbox_enqueue_c(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
-        let topic_text = pg_getarg::<&str>(fcinfo, 0);
-        if !topic_text.is_some_and(|t| topic::check(t).is_ok()) {
-            topic::require_valid("outbox_enqueue", "topic", topic_text);
-        }
+        topic::require_valid("outbox_enqueue", "topic", pg_getarg::<&str>(fcinfo, 0));
         if pg_arg_is_null(fcinfo, 1) {
             ereport!(
                 ERROR,

@@ -8,11 +8,13 @@
 //! schema, function and operator in full, so whatever a caller puts on its search_path cannot
 //! stand in for them, even when a kept plan is re-planned under that search_path. The
 //! functions are declared in `sql/api.sql` (SECURITY DEFINER, like the rest of the API).
-//! PL/pgSQL versions of the same cost two to three times as much per call (bench/README.md).
+//! They replaced PL/pgSQL versions that were measurably slower (bench/README.md has the figures).
 
 mod claim;
 mod complete;
 mod enqueue;
+
+pub(crate) use claim::MAX_BATCH_SIZE;
 
 use pgrx::prelude::*;
 use std::cell::RefCell;

@@ -346,10 +346,14 @@ impl Worker {
             .collect();
         let mut answers: Vec<Vec<(String, Outcome)>> = vec![Vec::new(); batch.len()];
         let mut unanswered: Vec<usize> = batch.iter().map(|c| c.endpoints.len()).collect();
-        // A message whose subscriptions vanished between reading them and claiming: retry later.
+        // Messages whose subscriptions vanished between reading them and claiming: retry later.
+        let mut orphans = Vec::new();
         for (m, claimed) in batch.iter().enumerate().filter(|(_, c)| c.endpoints.is_empty()) {
-            self.record(claimed, &Outcome::Failed { error: "no subscription left for its topic".into(), retry_after: None });
+            orphans.push((claimed, Outcome::Failed { error: "no subscription left for its topic".into(), retry_after: None }));
             unanswered[m] = usize::MAX;
+        }
+        if !orphans.is_empty() {
+            self.record_all(&orphans);
         }
 
         let threads = settings.max_in_flight.min(jobs.len());
@@ -403,11 +407,6 @@ impl Worker {
             }
         });
         registry::update(self.slot, |s| s.in_flight = 0);
-    }
-
-    /// Records one message's outcome (a message whose subscriptions vanished).
-    fn record(&self, claimed: &Claimed, outcome: &Outcome) {
-        self.record_all(&[(claimed, outcome.clone())]);
     }
 
     /// Records the outcomes of several messages in one transaction: the deliveries with one
