@@ -32,7 +32,16 @@ def database():
 def db(database):
     """An autocommit connection on a freshly created extension."""
     with connect(autocommit=True) as conn:
-        conn.execute("DROP EXTENSION IF EXISTS outbox_ext CASCADE")
+        # The delivery worker of this database locks the subscriptions, then the outbox, in
+        # one transaction; DROP EXTENSION takes them the other way round. When they meet,
+        # PostgreSQL aborts one of the two (a deadlock), and if that is the DROP, try again.
+        for attempt in range(3):
+            try:
+                conn.execute("DROP EXTENSION IF EXISTS outbox_ext CASCADE")
+                break
+            except psycopg.errors.DeadlockDetected:
+                if attempt == 2:
+                    raise
         conn.execute("CREATE EXTENSION outbox_ext")
         yield conn
 
