@@ -72,6 +72,7 @@ class Receiver:
                     "body": body.decode(),
                     "status": status,
                     "received_at": time.time(),
+                    "client_port": self.client_address[1],  # one per connection the sender opened
                 }
                 try:
                     if status == "cut":  # the connection dies in the middle of the answer

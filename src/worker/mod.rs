@@ -20,6 +20,7 @@ use crate::settings::{self, WorkerSettings};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
+use pgrx::spi::OwnedPreparedStatement;
 use registry::WorkerState;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
@@ -55,6 +56,34 @@ const SESSION_SETTINGS: &str = "SELECT pg_catalog.set_config('lock_timeout', '10
 const PURGE: &str = "SELECT outbox_purge($1, false, $2)";
 const COMPLETE_BATCH: &str = "SELECT outbox_complete($1::bigint[], $2::uuid[])";
 const FAIL: &str = "SELECT outbox_fail($1, $2, $3::uuid, $4)";
+
+/// The statements of every round, prepared once and kept for the worker's life instead of
+/// being parsed and planned on each call. PostgreSQL plans them again by itself when what they
+/// name changes (the extension dropped and created again, or moved: the search_path is part
+/// of a kept plan).
+struct Statements {
+    claim: OwnedPreparedStatement,
+    complete_batch: OwnedPreparedStatement,
+    fail: OwnedPreparedStatement,
+}
+
+impl Statements {
+    /// In a transaction, with the search_path set to the extension's schema.
+    fn prepare() -> Statements {
+        use pg_sys::BuiltinOid::*;
+        Spi::connect(|client| {
+            let keep = |query: &str, types: &[pg_sys::BuiltinOid]| {
+                let types: Vec<PgOid> = types.iter().map(|&t| PgOid::BuiltIn(t)).collect();
+                client.prepare_mut(query, &types).expect("preparing the worker's statements").keep()
+            };
+            Statements {
+                claim: keep(CLAIM, &[INT4OID, TEXTARRAYOID, INTERVALOID]),
+                complete_batch: keep(COMPLETE_BATCH, &[INT8ARRAYOID, TEXTARRAYOID]),
+                fail: keep(FAIL, &[INT8OID, TEXTOID, TEXTOID, INTERVALOID]),
+            }
+        })
+    }
+}
 
 /// Registers one worker per database of `outbox.worker_databases`. Called while preloading.
 pub fn register_background_workers() {
@@ -135,6 +164,8 @@ struct Worker {
     last_unsubscribed_check: Option<Instant>,
     warned_about_topic: HashMap<String, Instant>,
     last_purge: Option<Instant>,
+    /// Prepared at the first claim.
+    statements: Option<Statements>,
 }
 
 impl Worker {
@@ -150,6 +181,7 @@ impl Worker {
             last_unsubscribed_check: None,
             warned_about_topic: HashMap::new(),
             last_purge: None,
+            statements: None,
         }
     }
 
@@ -253,10 +285,11 @@ impl Worker {
         }
 
         let lease = lease_for(settings, &endpoints, &endpoints_by_topic);
+        let claim = &self.statements.get_or_insert_with(Statements::prepare).claim;
         let batch = Spi::connect_mut(|client| {
             let rows = client
                 .update(
-                    CLAIM,
+                    claim,
                     None,
                     &[settings.batch_size.into(), topics.clone().into(), lease.into()],
                 )
@@ -414,23 +447,28 @@ impl Worker {
     fn record_all(&self, outcomes: &[(&Claimed, Outcome)]) {
         let (delivered, failed): (Vec<_>, Vec<_>) =
             outcomes.iter().partition(|(_, outcome)| matches!(outcome, Outcome::Delivered));
+        let statements = self.statements.as_ref().expect("prepared by the claim");
         let no_longer_held = BackgroundWorker::transaction(AssertUnwindSafe(|| {
             let mut no_longer_held = 0;
             if !delivered.is_empty() {
                 let ids: Vec<i64> = delivered.iter().map(|(claimed, _)| claimed.id).collect();
                 let tokens: Vec<String> = delivered.iter().map(|(claimed, _)| claimed.lease_token.clone()).collect();
-                let completed = Spi::get_one_with_args::<i32>(COMPLETE_BATCH, &[ids.into(), tokens.into()])
-                    .expect("recording deliveries")
-                    .unwrap_or(0);
+                let arguments = [ids.into(), tokens.into()];
+                let completed = Spi::connect_mut(|client| {
+                    client.update(&statements.complete_batch, Some(1), &arguments)?.first().get_one::<i32>()
+                })
+                .expect("recording deliveries")
+                .unwrap_or(0);
                 no_longer_held += delivered.len() - completed as usize;
             }
             for (claimed, outcome) in &failed {
                 let Outcome::Failed { error, retry_after } = outcome else { continue };
                 let retry_in = retry_after.map(|d| Interval::from_micros(d.as_micros() as i64));
-                let recorded = Spi::get_one_with_args::<String>(
-                    FAIL,
-                    &[claimed.id.into(), error.clone().into(), claimed.lease_token.clone().into(), retry_in.into()],
-                )
+                let arguments =
+                    [claimed.id.into(), error.clone().into(), claimed.lease_token.clone().into(), retry_in.into()];
+                let recorded = Spi::connect_mut(|client| {
+                    client.update(&statements.fail, Some(1), &arguments)?.first().get_one::<String>()
+                })
                 .expect("recording a failed delivery");
                 no_longer_held += usize::from(recorded.is_none());
             }

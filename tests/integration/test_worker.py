@@ -160,6 +160,20 @@ def test_an_endpoint_that_always_fails_dead_letters_the_message(worker, receiver
     assert len(receiver.requests) == 3, "a dead letter is not delivered again"
 
 
+def test_deliveries_reuse_their_connections(worker, receiver):
+    """Each answer is read to its end, so its connection goes back to the worker's pool: a
+    stream of deliveries needs about max_in_flight connections, not one each."""
+    configure({"outbox.max_in_flight": "2"})
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    receiver.answer_by_default(200, body=b'{"received": true}')
+    ids = [enqueue(worker)[0] for _ in range(40)]
+    receiver.wait_for(40)
+    for message_id in ids:
+        eventually(status_is(worker, message_id, "DONE"), what=f"message {message_id} delivered")
+    connections = {request["client_port"] for request in receiver.requests}
+    assert len(connections) <= 4, f"{len(connections)} connections for 40 deliveries"
+
+
 def test_a_topic_nobody_subscribes_to_stays_pending_and_is_reported(worker, receiver):
     worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
     assert worker.execute("SELECT topic, endpoints FROM outbox_topics()").fetchall() == [("booking.created", 1)]

@@ -4,6 +4,8 @@
 //! returned `Outcome` from its main thread. Signing and the classification of answers are pure
 //! functions with plain unit tests.
 
+mod resolver;
+
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use hmac::{Hmac, Mac};
@@ -11,8 +13,12 @@ use sha2::Sha256;
 use std::io::Read;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How much of a failing response's body is read (and kept in `last_error`).
+/// How much of a failing response's body is kept in `last_error`.
 pub const ERROR_BODY_BYTES: usize = 256;
+/// How much of any response's body is read. A body read to its end lets the connection go
+/// back to the agent's pool for the next delivery (ureq reuses only those); a longer one is
+/// dropped together with its connection.
+const MAX_BODY_READ: u64 = 64 * 1024;
 /// A `Retry-After` longer than this is cut to it: a misbehaving endpoint cannot park a
 /// message for months.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
@@ -130,14 +136,15 @@ fn human_duration(duration: Duration) -> String {
 /// deliveries. Redirects are not followed (an endpoint is an exact URL), statuses are answers,
 /// not errors.
 pub fn new_agent(pool_per_host: usize) -> ureq::Agent {
-    ureq::Agent::config_builder()
+    let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_redirects(0)
         .user_agent(concat!("outbox_ext/", env!("CARGO_PKG_VERSION")))
         .max_idle_connections_per_host(pool_per_host.max(1))
         .max_idle_connections(pool_per_host.max(1) * 16)
-        .build()
-        .into()
+        .build();
+    let connector = ureq::unversioned::transport::DefaultConnector::new();
+    ureq::Agent::with_parts(config, connector, resolver::RememberingResolver::default())
 }
 
 /// POSTs `message` to `endpoint` with the Standard Webhooks headers. Every wait is bounded by
@@ -169,17 +176,14 @@ pub fn deliver(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> O
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            let mut body_start = String::new();
-            if !(200..300).contains(&status) {
-                let mut buffer = Vec::with_capacity(ERROR_BODY_BYTES);
-                // A body that cannot be read (or is cut off) still leaves the status to report.
-                let _ = response
-                    .body_mut()
-                    .as_reader()
-                    .take(ERROR_BODY_BYTES as u64)
-                    .read_to_end(&mut buffer);
-                body_start = String::from_utf8_lossy(&buffer).into_owned();
-            }
+            let mut body = Vec::new();
+            // A body that cannot be read (or is cut off) still leaves the status to report.
+            let _ = response.body_mut().as_reader().take(MAX_BODY_READ).read_to_end(&mut body);
+            let body_start = if (200..300).contains(&status) {
+                String::new()
+            } else {
+                String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_BYTES)]).into_owned()
+            };
             classify_status(status, retry_after.as_deref(), &body_start, now)
         }
         Err(error) => Outcome::Failed {

@@ -1,0 +1,97 @@
+//! Name resolution for the worker's HTTP client, remembered for a few seconds.
+//!
+//! ureq resolves an endpoint's host before every request, even one that then goes out on a
+//! pooled connection, and with a timeout set (ours always is) it does so on a thread of its
+//! own: a thread started and ended per delivery. Endpoints are few and their addresses change
+//! rarely, so an answer is kept for `REMEMBERED_FOR`; only connections opened within that time
+//! use it. A failed lookup is not remembered.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+use ureq::config::Config;
+use ureq::http::Uri;
+use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
+use ureq::unversioned::transport::NextTimeout;
+
+/// How long an answer is used again. Short: an endpoint that moved is found by the first
+/// connection opened after it.
+const REMEMBERED_FOR: Duration = Duration::from_secs(5);
+
+/// "scheme://authority" → when it was resolved, and to what.
+type Answers = HashMap<String, (Instant, ResolvedSocketAddrs)>;
+
+#[derive(Debug, Default)]
+pub struct RememberingResolver {
+    lookup: DefaultResolver,
+    answers: Mutex<Answers>,
+}
+
+impl Resolver for RememberingResolver {
+    fn resolve(&self, uri: &Uri, config: &Config, timeout: NextTimeout) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        let key = format!("{}://{}", uri.scheme_str().unwrap_or_default(), uri.authority().map_or("", |a| a.as_str()));
+        let fresh = |(at, _): &(Instant, ResolvedSocketAddrs)| at.elapsed() < REMEMBERED_FOR;
+        if let Some((_, addresses)) = self.answers().get(&key).filter(|answer| fresh(answer)) {
+            return Ok(addresses.clone());
+        }
+        let addresses = self.lookup.resolve(uri, config, timeout)?;
+        let mut answers = self.answers();
+        answers.retain(|_, answer| fresh(answer));
+        answers.insert(key, (Instant::now(), addresses.clone()));
+        Ok(addresses)
+    }
+}
+
+impl RememberingResolver {
+    fn answers(&self) -> MutexGuard<'_, Answers> {
+        // A helper thread that panicked while holding the lock left a usable map behind.
+        self.answers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn timeout() -> NextTimeout {
+        NextTimeout {
+            after: ureq::unversioned::transport::time::Duration::Exact(Duration::from_secs(5)),
+            reason: ureq::Timeout::Resolve,
+            per_read: None,
+            per_write: None,
+        }
+    }
+
+    #[test]
+    fn a_lookup_is_remembered_and_a_failure_is_not() {
+        let resolver = RememberingResolver::default();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let uri: Uri = format!("http://{address}/hook").parse().unwrap();
+        assert_eq!(resolver.resolve(&uri, &Config::default(), timeout()).unwrap().first(), Some(&address));
+        assert!(resolver.answers().contains_key(&format!("http://{address}")));
+
+        let unknown: Uri = "http://no-such-host.invalid/hook".parse().unwrap();
+        assert!(resolver.resolve(&unknown, &Config::default(), timeout()).is_err());
+        assert_eq!(resolver.answers().len(), 1, "a failed lookup is not kept");
+    }
+
+    #[test]
+    fn a_remembered_answer_is_used_until_it_is_too_old() {
+        let resolver = RememberingResolver::default();
+        let unknown: Uri = "http://no-such-host.invalid/hook".parse().unwrap();
+        let mut remembered = resolver.empty();
+        remembered.push("127.0.0.1:9".parse().unwrap());
+        let key = "http://no-such-host.invalid".to_string();
+
+        // Fresh: the answer is used, no lookup (which would fail) is made.
+        resolver.answers().insert(key.clone(), (Instant::now(), remembered.clone()));
+        assert_eq!(resolver.resolve(&unknown, &Config::default(), timeout()).unwrap().first(), remembered.first());
+
+        // Too old: looked up again (and the name does not exist).
+        let long_ago = Instant::now().checked_sub(REMEMBERED_FOR + Duration::from_secs(1)).unwrap();
+        resolver.answers().insert(key, (long_ago, remembered));
+        assert!(resolver.resolve(&unknown, &Config::default(), timeout()).is_err());
+    }
+}
