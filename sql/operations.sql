@@ -9,7 +9,7 @@ CREATE INDEX IF NOT EXISTS outbox_processed_idx ON outbox (status, processed_at)
 -- A queue's table churns: every message is inserted, updated two or three times and deleted.
 -- Vacuum it early and often (dead index entries slow the claim down). The fillfactor stays
 -- 100: every update of a message changes an indexed column (status or available_at), so none
--- can be HOT, and free space kept on each page only made the table larger (bench/README.md).
+-- can be HOT, and free space kept on each page for one would only go unused.
 ALTER TABLE outbox SET (
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_threshold = 1000,
