@@ -2,6 +2,7 @@
 //! The table and the functions that manage it are in `sql/subscriptions.sql`.
 
 use crate::delivery;
+use crate::errors::null_argument;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -81,9 +82,7 @@ fn refuse(argument: &str, why: &str) -> ! {
 /// Raises the error `outbox_subscribe` owes its caller for a bad url, secret or headers.
 #[pg_extern(immutable, parallel_safe)]
 fn outbox_check_subscription(url: Option<&str>, secret: Option<&str>, headers: Option<JsonB>) {
-    let Some(url) = url else {
-        ereport!(ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_subscribe: url must not be NULL");
-    };
+    let Some(url) = url else { null_argument("outbox_subscribe", "url") };
     if let Err(why) = check_url(url) {
         refuse("url", &why);
     }

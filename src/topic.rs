@@ -4,6 +4,7 @@
 //! `outbox_enqueue` directly) and the CHECK constraint of `outbox_subscription`
 //! (`outbox_topic_is_valid`), so they can never disagree.
 
+use crate::errors::null_argument;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 
@@ -51,13 +52,7 @@ fn outbox_check_topic(function: &str, argument: &str, topic: Option<&str>) {
 
 /// The body of `outbox_check_topic`, for callers in Rust.
 pub fn require_valid(function: &str, argument: &str, topic: Option<&str>) {
-    let Some(topic) = topic else {
-        ereport!(
-            ERROR,
-            PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
-            format!("{function}: {argument} must not be NULL")
-        );
-    };
+    let Some(topic) = topic else { null_argument(function, argument) };
     match check(topic) {
         Ok(()) => {}
         Err(TopicProblem::Empty) => {

@@ -5,10 +5,9 @@
 //! delivery on the rest. Rows come back oldest-ready first, in the order they were locked.
 
 use super::{function_info_v1, interval_text, sign_of, SpiCall};
-use crate::errors::invalid_argument;
+use crate::errors::{invalid_argument, null_argument};
 use crate::{settings, topic};
 use pgrx::fcinfo::{pg_getarg, pg_getarg_datum_raw};
-use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -22,9 +21,7 @@ function_info_v1!(pg_finfo_outbox_claim_c);
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn outbox_claim_c(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
-        let Some(batch_size) = pg_getarg::<i32>(fcinfo, 0) else {
-            ereport!(ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_claim: batch_size must not be NULL");
-        };
+        let Some(batch_size) = pg_getarg::<i32>(fcinfo, 0) else { null_argument("outbox_claim", "batch_size") };
         if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
             invalid_argument(
                 "outbox_claim",

@@ -3,7 +3,7 @@
 //! both.
 
 use super::{function_info_v1, SpiCall};
-use crate::errors::invalid_argument;
+use crate::errors::{invalid_argument, null_argument};
 use pgrx::fcinfo::{pg_arg_is_null, pg_getarg, pg_getarg_datum_raw};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
@@ -14,9 +14,7 @@ function_info_v1!(pg_finfo_outbox_complete_c);
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn outbox_complete_c(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
-        let Some(id) = pg_getarg::<i64>(fcinfo, 0) else {
-            ereport!(ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_complete: id must not be NULL");
-        };
+        let Some(id) = pg_getarg::<i64>(fcinfo, 0) else { null_argument("outbox_complete", "id") };
         let token = pg_getarg::<pgrx::datum::Uuid>(fcinfo, 1);
         let ids = vec![id].into_datum();
         let tokens = token.map(|t| vec![t]).into_datum();
@@ -31,9 +29,7 @@ function_info_v1!(pg_finfo_outbox_complete_batch_c);
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn outbox_complete_batch_c(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
-        let Some(ids) = pg_getarg::<Array<i64>>(fcinfo, 0) else {
-            ereport!(ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_complete: ids must not be NULL");
-        };
+        let Some(ids) = pg_getarg::<Array<i64>>(fcinfo, 0) else { null_argument("outbox_complete", "ids") };
         if ids.contains_nulls() {
             ereport!(ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_complete: ids must not contain NULL");
         }

@@ -1,7 +1,7 @@
 //! `outbox_enqueue(topic text, payload jsonb, delay interval, dedupe_key text) RETURNS outbox`
 
 use super::{function_info_v1, interval_text, sign_of, SpiCall};
-use crate::errors::invalid_argument;
+use crate::errors::{invalid_argument, null_argument};
 use crate::topic;
 use crate::worker::registry;
 use pgrx::fcinfo::{pg_arg_is_null, pg_getarg, pg_getarg_datum_raw};
@@ -27,9 +27,7 @@ pub unsafe extern "C-unwind" fn outbox_enqueue_c(fcinfo: pg_sys::FunctionCallInf
                 "Use '{}'::jsonb for an empty payload."
             );
         }
-        let Some(delay) = pg_getarg::<Interval>(fcinfo, 2) else {
-            ereport!(ERROR, PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "outbox_enqueue: delay must not be NULL");
-        };
+        let Some(delay) = pg_getarg::<Interval>(fcinfo, 2) else { null_argument("outbox_enqueue", "delay") };
         if sign_of(&delay) == Ordering::Less {
             let shown = interval_text(pg_getarg_datum_raw(fcinfo, 2));
             invalid_argument("outbox_enqueue", "delay", &format!("must not be negative, got {shown}"));
