@@ -35,7 +35,9 @@ outbox.worker_databases = '${OUTBOX_WORKER_DATABASES:-}'
 ${OUTBOX_CLUSTER_CONF:-}
 CONF
     fi
-    if ! as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null; then
+    # sudo drops the environment; RUST_BACKTRACE is passed on to the server (the tests use it).
+    if ! as_server_user env RUST_BACKTRACE="${RUST_BACKTRACE:-0}" \
+        "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null; then
         echo "cluster.sh: the server did not start; the end of $dir/server.log:" >&2
         tail -n 20 "$dir/server.log" >&2
         exit 1

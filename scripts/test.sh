@@ -25,14 +25,19 @@ cargo pgrx test pg15 --runas postgres --pgdata "$scratch/pgrx/data"
 
 echo "== 2/5 build and install the extension"
 cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
-# Earlier versions' install scripts, for the upgrade tests (ALTER EXTENSION … UPDATE).
+# Released versions' install scripts, for the upgrade tests to create old versions from. The
+# upgrade scripts themselves come from the ordinary install above, and only from it.
 cp sql/versions/outbox_ext--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 
 echo "== 3/5 integration tests and isolation specs against a scratch cluster"
 port=${OUTBOX_TEST_PORT:-25329}
-OUTBOX_WORKER_DATABASES=outbox_integration scripts/cluster.sh start "$scratch/cluster" "$port"
-OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
-    .venv/bin/pytest tests/integration -q -p no:cacheprovider "$@"
+# RUST_BACKTRACE=1, as a developer's environment often has it: errors must carry no backtrace
+# even then (tests/integration/test_bad_input.py).
+RUST_BACKTRACE=1 OUTBOX_WORKER_DATABASES=outbox_integration,outbox_hostile,outbox_latin1,outbox_sqlascii \
+    scripts/cluster.sh start "$scratch/cluster" "$port"
+OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" \
+    PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
+    .venv/bin/pytest tests/integration -q "$@"
 scripts/cluster.sh stop "$scratch/cluster"
 
 echo "== 4/5 benchmark smoke run (figures too short to quote)"

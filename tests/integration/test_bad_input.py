@@ -1,6 +1,8 @@
 """Bad input is refused with a deliberate SQLSTATE and a message naming the argument, before
 anything is written; the session and the server keep serving."""
 
+import pathlib
+
 import pytest
 import psycopg
 
@@ -45,6 +47,20 @@ CASES = [
     ("outbox_fail(1, NULL)", NULL_VALUE, "error"),
     ("outbox_fail(1, 'boom', NULL, interval '-1 second')", INVALID, "retry_in"),
     ("outbox_backoff(-1)", INVALID, "attempts"),
+    # A payloads array of two dimensions (0.3.0: 0A000 without the function's name).
+    ("outbox_enqueue_batch('booking.created', ARRAY[['{}','{}'],['{}','{}']]::jsonb[])", INVALID, "payloads"),
+    ("outbox_complete_batch(NULL, NULL)", NULL_VALUE, "ids"),
+    ("outbox_complete_batch(ARRAY[1, 2]::bigint[], ARRAY[gen_random_uuid()])", INVALID, "lease_tokens"),
+    # Subscriptions: every header the worker sets is reserved, in any case (0.3.0 accepted
+    # outbox-attempt, and the receiver got it twice), ports exist, header values are bounded.
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => '{\"outbox-attempt\": \"999\"}')", INVALID, "headers"),
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => '{\"Outbox-Topic\": \"x\"}')", INVALID, "headers"),
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => '{\"User-Agent\": \"x\"}')", INVALID, "headers"),
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => '{\"Connection\": \"close\"}')", INVALID, "headers"),
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => jsonb_build_object('X-Big', repeat('v', 8193)))", INVALID, "headers"),
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => (SELECT jsonb_object_agg('X-H' || n, 'v') FROM generate_series(1, 17) n))", INVALID, "headers"),
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:99999/')", INVALID, "url"),
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:0/')", INVALID, "url"),
 ]
 
 
@@ -81,3 +97,20 @@ def test_unknown_ids_are_answers_not_errors(db):
     assert db.execute("SELECT outbox_complete(424242)").fetchone()[0] is False
     assert db.execute("SELECT outbox_fail(424242, 'boom')").fetchone()[0] is None
     assert db.execute("SELECT outbox_complete(ARRAY[424242, 424243]::bigint[])").fetchone()[0] == 0
+
+
+def test_errors_carry_no_rust_backtrace(db):
+    """The scratch cluster runs with RUST_BACKTRACE=1 in its environment, as a developer's
+    server often does (scripts/test.sh); 0.3.0 then put ~20 frames in DETAIL."""
+    pid = db.execute("SELECT pg_backend_pid()").fetchone()[0]
+    environment = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"RUST_BACKTRACE=1" in environment, "the test cluster must run with RUST_BACKTRACE=1"
+    for call, sqlstate in [
+        ("outbox_enqueue('a.b', '{}', interval '178000000 years')", "22008"),  # raised by PostgreSQL inside Rust
+        ("outbox_claim(0)", INVALID),                                           # raised by Rust
+        ("outbox_fail(1, NULL)", NULL_VALUE),
+    ]:
+        with pytest.raises(psycopg.Error) as caught:
+            db.execute(f"SELECT * FROM {call}")
+        assert caught.value.sqlstate == sqlstate
+        assert not caught.value.diag.message_detail, caught.value.diag.message_detail

@@ -1,6 +1,8 @@
 """Least privilege: what a producer, a consumer, an administrator, a monitoring role and
 everyone else may and may not do; and a hostile search_path cannot hijack the API."""
 
+import pathlib
+
 import psycopg
 import pytest
 
@@ -143,3 +145,59 @@ def test_a_hostile_search_path_cannot_hijack_the_kept_plans_of_claim_and_complet
                 victim.execute("SELECT outbox_complete(%s::bigint[])", (locked or [],))
         assert db.execute("SELECT count(*) FROM evil.ran_as").fetchone()[0] == 1
     assert db.execute("SELECT count(*) FILTER (WHERE status = 'DONE'), count(*) FROM outbox").fetchone() == (3, 3)
+
+
+def test_a_dedupe_key_never_reveals_another_producers_message(db, roles):
+    """0.3.0 returned the other message, payload included, and queued nothing. Keys are scoped
+    to the topic; a duplicate returns only the id and public_id of the message that holds the
+    key (payload NULL says: a duplicate)."""
+    secret_id = db.execute("SELECT (outbox_enqueue('secret.topic', '{\"card\": \"4242\"}', "
+                           "dedupe_key => 'booking-created:42')).id").fetchone()[0]
+    with connect(user="app_producer", autocommit=True) as producer:
+        mine = producer.execute("SELECT id, topic, payload FROM outbox_enqueue('other.topic', '{\"n\": 1}', "
+                                "dedupe_key => 'booking-created:42')").fetchone()
+        assert mine[1:] == ("other.topic", {"n": 1})
+        duplicate = producer.execute(
+            "SELECT id, public_id IS NOT NULL, topic, payload, status, attempts, last_error, created_at "
+            "FROM outbox_enqueue('secret.topic', '{\"n\": 2}', dedupe_key => 'booking-created:42')").fetchone()
+        assert duplicate == (secret_id, True, "secret.topic", None, None, None, None, None)
+    assert db.execute("SELECT topic, payload FROM outbox ORDER BY id").fetchall() == [
+        ("secret.topic", {"card": "4242"}), ("other.topic", {"n": 1})]
+
+
+# What PUBLIC may execute: the list in docs/security.md ("Open to every role").
+OPEN_TO_ALL = {
+    "outbox_topics()",
+    "outbox_topic_is_valid(text)",
+    "outbox_backoff(integer)",
+    "outbox_max_attempts()",
+    "outbox_uuid_v7()",
+}
+
+
+def test_public_may_use_only_what_the_security_docs_name(db):
+    """0.3.0 let any role call outbox_wake_worker_at_commit() in a loop (the worker's CPU went
+    from 0.01 s to 9 s per 10 s), outbox_generate_secret() and the check helpers."""
+    extension_objects = """
+        SELECT d.classid, d.objid FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+         WHERE e.extname = 'outbox_ext' AND d.deptype = 'e'"""
+    open_functions = {row[0] for row in db.execute(f"""
+        SELECT p.oid::regprocedure::text FROM ({extension_objects}) o JOIN pg_proc p ON o.classid = 'pg_proc'::regclass AND p.oid = o.objid
+         WHERE EXISTS (SELECT FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                        WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')""")}
+    assert open_functions == OPEN_TO_ALL
+    open_relations = db.execute(f"""
+        SELECT c.relname FROM ({extension_objects}) o JOIN pg_class c ON o.classid = 'pg_class'::regclass AND c.oid = o.objid
+         WHERE EXISTS (SELECT FROM aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a WHERE a.grantee = 0)""").fetchall()
+    assert open_relations == []
+    docs = (pathlib.Path(__file__).resolve().parents[2] / "docs/security.md").read_text()
+    for function in OPEN_TO_ALL:
+        assert f"`{function}`" in docs, f"docs/security.md does not name {function} as open to all"
+
+
+def test_a_role_with_no_grants_cannot_wake_the_worker(db, roles):
+    with connect(user="app_nobody", autocommit=True) as nobody:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            nobody.execute("SELECT outbox_wake_worker_at_commit()")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            nobody.execute("SELECT outbox_generate_secret()")

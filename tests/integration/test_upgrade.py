@@ -1,8 +1,14 @@
-"""ALTER EXTENSION outbox_ext UPDATE from each previous version keeps the data and ends with
-exactly the objects, definitions and privileges of a fresh install."""
+"""ALTER EXTENSION outbox_ext UPDATE from each previous version keeps the data and the users'
+grants and ends with exactly the objects, definitions and privileges of a fresh install; every
+upgrade script is put on disk by the ordinary install; a released script never changes."""
 
+import hashlib
 import pathlib
+import re
 import subprocess
+import tomllib
+
+import os
 
 import psycopg
 import pytest
@@ -10,7 +16,20 @@ import pytest
 from conftest import DATABASE
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PREVIOUS = ["0.1.0", "0.2.0"]
+PREVIOUS = ["0.1.0", "0.2.0", "0.3.0"]
+CURRENT = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
+# Scripts of released versions, frozen: their SHA-256 (a release adds its scripts here).
+RELEASED = ROOT / "sql/released.sha256"
+
+
+def version_key(version):
+    return tuple(int(part) for part in version.split("."))
+
+
+def extension_directory():
+    sharedir = subprocess.run([os.environ["OUTBOX_PG_CONFIG"], "--sharedir"], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    return pathlib.Path(sharedir) / "extension"
 
 SCHEMA_FINGERPRINT = """
 SELECT 'object ' || pg_describe_object(d.classid, d.objid, 0)
@@ -45,8 +64,45 @@ def fresh_database(name):
 def test_the_upgrade_script_is_generated_from_the_current_sources():
     generated = subprocess.run([ROOT / "scripts/make-upgrade-script.sh", "--stdout"], check=True,
                                capture_output=True, text=True).stdout
-    assert generated == (ROOT / "sql/outbox_ext--0.2.0--0.3.0.sql").read_text(), \
-        "run scripts/make-upgrade-script.sh after editing sql/api.sql, operations.sql or privileges.sql"
+    assert generated == (ROOT / f"sql/outbox_ext--{PREVIOUS[-1]}--{CURRENT}.sql").read_text(), \
+        "run scripts/make-upgrade-script.sh after editing the SQL sources"
+
+
+def test_released_scripts_never_change():
+    """0.3.0's generator rewrote the released 0.2.0 -> 0.3.0 script whenever it ran."""
+    listed = {}
+    for line in RELEASED.read_text().splitlines():
+        digest, name = line.split()
+        listed[name] = digest
+        assert hashlib.sha256((ROOT / name).read_bytes()).hexdigest() == digest, f"{name} was released and changed"
+    # Every script that does not lead to the version in the making is a released one.
+    for path in sorted((ROOT / "sql").rglob("outbox_ext--*.sql")):
+        target = path.stem.split("--")[-1]
+        if version_key(target) < version_key(CURRENT):
+            assert str(path.relative_to(ROOT)) in listed, f"{path.name} belongs to a release: add it to {RELEASED.name}"
+
+
+def test_the_ordinary_install_puts_every_upgrade_script_on_disk():
+    """0.3.0 kept 0.1.0 -> 0.2.0 where `cargo pgrx install` never copied it (the tests copied it
+    by hand), so installs of 0.1.0 could not be upgraded."""
+    scripts = [p for p in (ROOT / "sql").rglob("outbox_ext--*--*.sql")]
+    assert scripts
+    installed = extension_directory()
+    for script in scripts:
+        on_disk = installed / script.name
+        assert on_disk.exists(), f"{script.name} is not installed"
+        assert on_disk.read_bytes() == script.read_bytes(), f"the installed {script.name} differs"
+    # A path from every released version to this one, made of installed scripts only.
+    steps = {tuple(p.stem.split("--")[1:]) for p in installed.glob("outbox_ext--*--*.sql")}
+    for previous in PREVIOUS:
+        reachable, frontier = {previous}, [previous]
+        while frontier:
+            version = frontier.pop()
+            for start, end in steps:
+                if start == version and end not in reachable:
+                    reachable.add(end)
+                    frontier.append(end)
+        assert CURRENT in reachable, f"no installed upgrade path from {previous} to {CURRENT}"
 
 
 @pytest.mark.parametrize("previous", PREVIOUS)
@@ -64,11 +120,27 @@ def test_update_from_a_previous_version_keeps_data_and_matches_a_fresh_install(d
         old.execute("SELECT outbox_fail(id, 'HTTP 500: boom', lease_token) FROM outbox_claim(1)")  # -> DEAD
         old.execute("SELECT * FROM outbox_claim(1)")  # leased
         old.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', outbox_generate_secret())")
+        # A user's grants on the extension's objects (0.3.0's upgrade from 0.2.0 lost them).
+        old.execute("DROP ROLE IF EXISTS outbox_upgrade_mon")
+        old.execute("CREATE ROLE outbox_upgrade_mon")
+        views = [row[0] for row in old.execute(
+            "SELECT viewname FROM pg_views WHERE schemaname = 'public' AND viewname LIKE 'outbox%' ORDER BY 1")]
+        assert views
+        old.execute(f"GRANT SELECT ON {', '.join(views)} TO outbox_upgrade_mon")
+        old.execute("GRANT EXECUTE ON FUNCTION outbox_claim(integer, text[], interval) TO outbox_upgrade_mon")
         before = old.execute(STATE).fetchall()
         secret = old.execute("SELECT secret FROM outbox_subscription").fetchone()[0]
 
         old.execute("ALTER EXTENSION outbox_ext UPDATE")
         assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'").fetchone()[0] == default_version
+        for view in views:
+            assert old.execute("SELECT has_table_privilege('outbox_upgrade_mon', %s, 'SELECT')", (view,)).fetchone()[0], \
+                f"the update dropped a user's grant on {view}"
+        assert old.execute("SELECT has_function_privilege('outbox_upgrade_mon', 'outbox_claim(integer, text[], interval)', "
+                           "'EXECUTE')").fetchone()[0], "the update dropped a user's grant on outbox_claim"
+        old.execute(f"REVOKE SELECT ON {', '.join(views)} FROM outbox_upgrade_mon")
+        old.execute("REVOKE EXECUTE ON FUNCTION outbox_claim(integer, text[], interval) FROM outbox_upgrade_mon")
+        old.execute("DROP ROLE outbox_upgrade_mon")
         assert old.execute(SCHEMA_FINGERPRINT).fetchall() == expected_schema
         assert old.execute(STATE).fetchall() == before
         assert old.execute("SELECT secret FROM outbox_subscription").fetchone()[0] == secret

@@ -16,8 +16,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from conftest import connect
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
-from webhook_receiver import Receiver  # noqa: E402
+from support.receiver import Receiver
 
 # Fast retries and short timeouts for the worker while these tests run, applied the way an
 # operator would: ALTER SYSTEM and a reload (the worker's settings are SIGHUP).
@@ -369,3 +368,52 @@ def test_without_the_extension_the_worker_waits_quietly(worker, receiver):
     message_id, _ = enqueue(worker)
     eventually(status_is(worker, message_id, "DONE"), what="delivery once the extension is back")
     assert worker_pid(worker) == pid
+
+
+def test_a_serializable_default_does_not_break_the_worker(worker, receiver):
+    """0.3.0 ran its transactions at the database's default isolation: with `serializable`
+    and SQL consumers beside it, it hit 40001, exited and restarted every 5 s."""
+    worker.execute("ALTER DATABASE outbox_integration SET default_transaction_isolation = 'serializable'")
+    try:
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE backend_type = 'outbox_ext delivery worker' AND datname = 'outbox_integration'")
+        eventually(lambda: worker_pid(worker), timeout=30, what="the worker to start again")
+        eventually(lambda: worker.execute("SELECT state FROM outbox_worker_status()").fetchone() in [("idle",), ("delivering",)],
+                   what="the worker to find the extension")
+        pid = worker_pid(worker)
+        worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+        stop = time.monotonic() + 8
+        consumed = 0
+        with connect(autocommit=True) as producer, connect(autocommit=True) as consumer:
+            assert consumer.execute("SHOW transaction_isolation").fetchone()[0] == "serializable"
+            while time.monotonic() < stop:
+                producer.execute("SELECT outbox_enqueue('booking.created', '{}')")
+                producer.execute("SELECT outbox_enqueue('report.due', '{}')")
+                try:
+                    with consumer.transaction():
+                        for id, token in consumer.execute("SELECT id, lease_token FROM outbox_claim(5, ARRAY['report.due'])").fetchall():
+                            consumer.execute("SELECT outbox_complete(%s::bigint, %s::uuid)", (id, token))
+                            consumed += 1
+                except psycopg.errors.SerializationFailure:
+                    pass  # the SQL consumer's own conflict, retried by its next round
+        assert consumed > 0
+        eventually(lambda: worker.execute("SELECT count(*) FROM outbox WHERE topic = 'booking.created' AND status <> 'DONE'").fetchone()[0] == 0,
+                   what="every webhook delivered")
+        assert worker_pid(worker) == pid, "the worker exited and was restarted"
+    finally:
+        worker.execute("ALTER DATABASE outbox_integration RESET default_transaction_isolation")
+
+
+def test_untyped_parameters_call_the_batch_complete_unambiguously(db):
+    """node-postgres and tokio-postgres send parameters untyped: outbox_complete($1) with the
+    batch form beside it was ambiguous. outbox_complete_batch has a name of its own."""
+    ids = [db.execute("SELECT (outbox_enqueue('booking.created', '{}')).id").fetchone()[0] for _ in range(3)]
+    db.execute("PREPARE complete_them AS SELECT outbox_complete_batch($1, $2)")
+    tokens = [db.execute("SELECT lease_token FROM outbox_claim(1)").fetchone()[0] for _ in ids]
+    completed = db.execute("EXECUTE complete_them(%s, %s)", ("{" + ",".join(map(str, ids)) + "}",
+                                                           "{" + ",".join(map(str, tokens)) + "}")).fetchone()[0]
+    assert completed == 3
+    # The old name still works for a release (deprecated).
+    db.execute("SELECT outbox_enqueue('booking.created', '{}')")
+    assert db.execute("SELECT outbox_complete(ARRAY[4]::bigint[])").fetchone()[0] == 1

@@ -23,9 +23,9 @@ import psycopg
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "tests"))
 from bench import PG_BIN, Cluster  # noqa: E402
-from webhook_receiver import Receiver  # noqa: E402
+from support.receiver import Receiver  # noqa: E402
 
 DATABASE = "outbox_reliability"
 CONF = """

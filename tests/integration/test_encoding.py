@@ -1,0 +1,94 @@
+"""Databases that are not UTF-8: text is converted at the edges, never a crash.
+
+The HTTP body is the payload as JSON in UTF-8, whatever the database's encoding; arguments with
+non-ASCII characters get the same checks (and SQLSTATEs) as in a UTF-8 database. In SQL_ASCII,
+where PostgreSQL does not know what the bytes mean, bytes that are not UTF-8 are sent as U+FFFD.
+"""
+
+import json
+
+import psycopg
+import pytest
+
+from support import admin_connection, eventually, recreate_database, wait_for_worker, worker_pid
+from support.receiver import Receiver
+
+# Both served by the delivery worker (scripts/test.sh).
+DATABASES = {"LATIN1": "outbox_latin1", "SQL_ASCII": "outbox_sqlascii"}
+
+
+@pytest.fixture(params=sorted(DATABASES))
+def encoded_db(request, database):
+    name = DATABASES[request.param]
+    recreate_database(name, encoding=request.param)
+    with psycopg.connect(dbname=name, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION outbox_ext")
+        conn.execute("SET client_encoding = 'UTF8'")
+        yield request.param, conn
+    recreate_database(name)
+
+
+@pytest.fixture()
+def receiver():
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def test_a_non_ascii_payload_is_delivered_as_utf8_json(encoded_db, receiver):
+    encoding, db = encoded_db
+    database = db.info.dbname
+    db.execute("SELECT outbox_subscribe('enc.bad', %s)", (receiver.url + "/bad",))
+    db.execute("SELECT outbox_subscribe('enc.ok', %s)", (receiver.url + "/ok",))
+    wait_for_worker(database)
+    pid = worker_pid(database)
+    db.execute("""SELECT outbox_enqueue('enc.bad', '{"name": "Müller"}')""")
+    db.execute("""SELECT outbox_enqueue('enc.ok', '{"n": 2}')""")
+    requests = receiver.wait_for(2)
+    bodies = {r["headers"]["outbox-topic"]: json.loads(r["body"]) for r in requests}
+    assert bodies == {"enc.bad": {"name": "Müller"}, "enc.ok": {"n": 2}}
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 2,
+               what="both recorded")
+    assert worker_pid(database) == pid, "the worker restarted"
+
+
+def test_bytes_that_are_not_utf8_in_sql_ascii_arrive_as_replacement_characters(database, receiver):
+    name = DATABASES["SQL_ASCII"]
+    recreate_database(name, encoding="SQL_ASCII")
+    try:
+        with psycopg.connect(dbname=name, autocommit=True) as db:
+            db.execute("CREATE EXTENSION outbox_ext")
+            db.execute("SELECT outbox_subscribe('enc.raw', %s)", (receiver.url,))
+            wait_for_worker(name)
+            db.execute("""SELECT outbox_enqueue('enc.raw', ('{"name": "' || convert_from('\\xff'::bytea, 'SQL_ASCII') || '"}')::jsonb)""")
+            db.execute("""SELECT outbox_enqueue('enc.raw', '{"n": 2}')""")
+            requests = receiver.wait_for(2)
+            assert sorted(r["body"] for r in requests) == sorted(['{"name": "\ufffd"}', '{"n": 2}'])
+    finally:
+        recreate_database(name)
+
+
+def test_non_ascii_arguments_get_the_usual_checks(encoded_db):
+    encoding, db = encoded_db
+    first = db.execute("SELECT id, payload FROM outbox_enqueue('enc.ok', '{\"v\": 1}', dedupe_key => 'kunde-müller')").fetchone()
+    again = db.execute("SELECT id FROM outbox_enqueue('enc.ok', '{\"v\": 2}', dedupe_key => 'kunde-müller')").fetchone()
+    assert again[0] == first[0]
+    assert db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 1
+    # 255 characters is the limit, counted in characters, not bytes.
+    db.execute("SELECT outbox_enqueue('enc.ok', '{}', dedupe_key => %s)", ("ü" * 255,))
+    with pytest.raises(psycopg.errors.StringDataRightTruncation):
+        db.execute("SELECT outbox_enqueue('enc.ok', '{}', dedupe_key => %s)", ("ü" * 256,))
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+        db.execute("SELECT outbox_enqueue('encé.ok', '{}')")
+    assert "outbox_enqueue: topic" in str(refused.value)
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+        db.execute("SELECT outbox_subscribe('enc.ok', 'http://127.0.0.1:9/', headers => '{\"X-Name\": \"Müller\"}')")
+    assert "outbox_subscribe: headers" in str(refused.value)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        db.execute("SELECT outbox_subscribe('enc.ok', 'http://bücher.example/')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        db.execute("SELECT outbox_claim(1, ARRAY['encé.ok'])")
+    # A failure with a non-ASCII error is recorded (a consumer's message).
+    message_id = db.execute("SELECT (outbox_enqueue('enc.fail', '{}')).id").fetchone()[0]
+    assert db.execute("SELECT outbox_fail(%s, 'Empfänger unbekannt')", (message_id,)).fetchone()[0] == "PENDING"
+    assert db.execute("SELECT last_error FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "Empfänger unbekannt"

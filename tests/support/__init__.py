@@ -1,0 +1,67 @@
+"""Helpers shared by the integration tests, the reliability suite and the benchmark.
+
+They reach the scratch cluster through the libpq environment (PGHOST, PGPORT, PGUSER) that
+scripts/test.sh, tests/reliability/run.py and bench/bench.py set up.
+"""
+
+import time
+
+import psycopg
+
+
+def admin_connection(dbname: str = "postgres") -> psycopg.Connection:
+    """An autocommit superuser connection (the scratch cluster's bootstrap user)."""
+    return psycopg.connect(dbname=dbname, autocommit=True)
+
+
+def eventually(check, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    """Polls check() until it returns something true, and returns that; fails after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def recreate_database(name: str, owner: str | None = None, encoding: str | None = None):
+    """Drops (whatever is connected) and creates database `name`."""
+    with admin_connection() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        options = ""
+        if owner:
+            options += f' OWNER "{owner}"'
+        if encoding:
+            options += f" ENCODING '{encoding}' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
+        admin.execute(f'CREATE DATABASE "{name}"{options}')
+
+
+WORKER_BACKEND = "outbox_ext delivery worker"
+
+
+def worker_pid(database: str):
+    """The pid of the delivery worker connected to `database`, or None."""
+    with admin_connection() as admin:
+        row = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = %s AND datname = %s", (WORKER_BACKEND, database)
+        ).fetchone()
+    return row and row[0]
+
+
+def wait_for_worker(database: str, timeout: float = 30.0):
+    """Waits until `database`'s delivery worker runs and has found the extension."""
+
+    def ready():
+        with admin_connection(database) as conn:
+            conn.execute("SET search_path = pg_catalog")
+            schema = conn.execute("SELECT quote_ident(n.nspname)::bytea FROM pg_extension e "
+                                  "JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'outbox_ext'").fetchone()
+            if not schema:
+                return False
+            states = conn.execute(f"SELECT state::bytea FROM {schema[0].decode()}.outbox_worker_status() "
+                                  "WHERE database = current_database()").fetchall()
+            return [bytes(s).decode() for (s,) in states] in (["idle"], ["delivering"])
+
+    return eventually(ready, timeout=timeout, what=f"the delivery worker of {database}")
