@@ -46,9 +46,10 @@ exec 9>"$build_root/postgresql-$version.lock"
 flock 9
 [ -f "$marker" ] && load_pg_paths 2>/dev/null && exit 0
 
+# fail WHAT [LINES]: stops, naming the version and the step, with LINES or else the log's end.
 fail() {
-    echo "build-postgres.sh: PostgreSQL $version: $1 failed; the end of $log:" >&2
-    tail -n 15 "$log" | sed 's/^/  /' >&2
+    echo "build-postgres.sh: PostgreSQL $version: $1 failed; from $log:" >&2
+    if [ -n "${2:-}" ]; then echo "$2"; else tail -n 15 "$log"; fi | sed 's/^/  /' >&2
     exit 1
 }
 # step WHAT COMMAND...: runs the command quietly (into the log), stops with WHAT if it fails.
@@ -92,7 +93,8 @@ download() {
 if ! (download >>"$log" 2>&1); then
     # The lists may be older than the archive (a newer upload replaced the file): refresh once.
     step "apt-get update" apt-get update
-    (download >>"$log" 2>&1) || fail "fetching the source package postgresql-$version (apt-get source, suite $suite)"
+    (download >>"$log" 2>&1) ||
+        fail "fetching the source package postgresql-$version (apt-get source, suite $suite)" "$(grep '^E: ' "$log" | sort -u)"
 fi
 tarball=$(ls "$work"/postgresql-"$version"_*.orig.tar.*)
 step "unpacking $(basename "$tarball")" tar -xf "$tarball" -C "$work"
