@@ -1,4 +1,6 @@
 # The README's commands. Each installs what it needs first (scripts/setup.sh).
+# PG chooses the PostgreSQL major version, 15 by default (scripts/common.sh): `PG=17 make test`
+# or `make test PG=17`; make hands it to the scripts in their environment either way.
 .PHONY: demo test setup bench reliability
 
 demo:

@@ -28,7 +28,19 @@ import psycopg
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-PG_BIN = pathlib.Path("/usr/lib/postgresql/15/bin")
+
+
+def pg_config(option: str) -> str:
+    """A setting of the PostgreSQL version chosen by PG, from its pg_config, whose path
+    scripts/common.sh exports as OUTBOX_PG_CONFIG (bench/run.sh and scripts/test.sh source it)."""
+    path = os.environ.get("OUTBOX_PG_CONFIG")
+    if not path:
+        raise SystemExit("OUTBOX_PG_CONFIG is not set: run this through bench/run.sh or scripts/test.sh (PG=15|16|17|18)")
+    return subprocess.run([path, option], check=True, capture_output=True, text=True).stdout.strip()
+
+
+# The server's programs (pg_ctl, pgbench): OUTBOX_PG_BIN, exported with OUTBOX_PG_CONFIG.
+PG_BIN = pathlib.Path(os.environ.get("OUTBOX_PG_BIN") or pg_config("--bindir"))
 DATABASE = "outbox_bench"
 PAYLOAD = json.dumps(
     {
@@ -526,7 +538,8 @@ def latency(cluster, receiver, s):
 
 def machine():
     model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    return f"{os.cpu_count()} cores ({model}), {platform.system()} {platform.release()}, PostgreSQL 15"
+    postgres = re.match(r"PostgreSQL \S+", pg_config("--version")).group(0)
+    return f"{os.cpu_count()} cores ({model}), {platform.system()} {platform.release()}, {postgres}"
 
 
 def report(results, s, path_md, path_png):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A scratch PostgreSQL 15 cluster for the demo and the tests, on 127.0.0.1 and a Unix socket
-# inside its own directory only. Use a port below 32768: the kernel hands ports above it to
-# outgoing connections (the worker's, to a receiver), which can hold the one you want.
+# A scratch cluster of the PostgreSQL chosen by PG (scripts/common.sh, default 15) for the demo
+# and the tests, on 127.0.0.1 and a Unix socket inside its own directory only. Use a port below
+# 32768: the kernel hands ports above it to outgoing connections (the worker's, to a receiver),
+# which can hold the one you want.
 #
 #   scripts/cluster.sh start DIR PORT   initdb (if needed) and start; prints nothing else
 #   scripts/cluster.sh stop DIR         stop (fast) if running
@@ -12,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
+require_pg
 
 command=${1:?usage: cluster.sh start DIR PORT | stop DIR}
 dir=${2:?cluster directory}

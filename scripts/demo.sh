@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 scripts/setup.sh
+require_pg
 
 echo "== building and installing outbox_ext"
 cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null

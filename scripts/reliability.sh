@@ -6,5 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 scripts/setup.sh
+require_pg
 cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
 exec .venv/bin/python tests/reliability/run.py "$@"

@@ -1,22 +1,42 @@
 #!/usr/bin/env bash
 # Installs what building, testing and benchmarking outbox_ext needs on Debian 12, and nothing
-# twice: Debian packages, cargo-pgrx 0.18.0 (pinned to match pgrx), pgrx's view of
-# PostgreSQL 15, and a Python virtualenv with the tests' and the benchmark's pinned libraries.
+# twice: Debian packages, the PostgreSQL version chosen by PG (default 15; see
+# scripts/common.sh), cargo-pgrx 0.18.0 (pinned to match pgrx), pgrx's view of that version,
+# and a Python virtualenv with the tests' and the benchmark's pinned libraries.
+#   PG=15  Debian 12's postgresql-15 packages
+#   PG=17, PG=18  built from Debian's source packages (scripts/build-postgres.sh, ~5 minutes once)
+#   PG=16  only in the GitHub workflow, where pgrx downloads and builds it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 
-need_packages=()
+# PostgreSQL's own build dependencies, for 16 built by pgrx (17 and 18: scripts/build-postgres.sh).
+postgres_build_packages=(gcc make perl bison flex bzip2 pkg-config libreadline-dev zlib1g-dev libicu-dev)
+
+if [ "$PG" = 16 ] && [ -z "$PG_CONFIG" ] && [ "${GITHUB_ACTIONS:-}" != true ]; then
+    echo "setup: PostgreSQL 16 is built only in the GitHub workflow (cargo pgrx init --pg16 download):" \
+        "Debian has no package or source package of it for this machine. Use PG=15, PG=17 or PG=18 here." >&2
+    exit 2
+fi
+
 # nginx and wrk: the benchmark's receiver and HTTP load generator (its smoke run is a test).
-for package in postgresql-15 postgresql-server-dev-15 libclang-dev sudo nginx-light wrk; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || need_packages+=("$package")
-done
-python3 -c 'import venv, ensurepip' 2>/dev/null || need_packages+=(python3-venv)
-if [ ${#need_packages[@]} -gt 0 ]; then
-    echo "setup: installing Debian packages: ${need_packages[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${need_packages[@]}" >/dev/null
+packages=(libclang-dev sudo nginx-light wrk)
+case "$PG" in
+15) packages+=(postgresql-15 postgresql-server-dev-15) ;;
+16) [ -n "$PG_CONFIG" ] || packages+=("${postgres_build_packages[@]}") ;;
+esac
+python3 -c 'import venv, ensurepip' 2>/dev/null || packages+=(python3-venv)
+install_debian_packages "${packages[@]}"
+
+case "$PG" in
+17 | 18) scripts/build-postgres.sh "$PG" ;;
+esac
+
+# The server runs as postgres (it refuses root); Debian's packages create the user, a source
+# build does not.
+if ! id postgres >/dev/null 2>&1; then
+    echo "setup: creating the system user postgres"
+    useradd --system --user-group --home-dir /var/lib/postgresql --create-home --shell /bin/bash postgres
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q "0.18.0"; then
@@ -24,9 +44,27 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "0.18.0"; then
     cargo install cargo-pgrx --version 0.18.0 --locked
 fi
 
-# Point pgrx at the installed server; never a bare `cargo pgrx init`, which downloads sources.
-if ! grep -qs "pg15" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    cargo pgrx init --pg15 "$PG_BIN/pg_config"
+# Point pgrx at the version's pg_config. Never a bare `cargo pgrx init`, which downloads and
+# builds every version. `cargo pgrx init --pgNN PATH` adds or replaces that one entry of
+# config.toml and keeps the other versions, but resets base_port and base_testing_port to
+# pgrx's defaults unless given again: they are passed through. As root it runs no initdb.
+init_options=()
+for setting in base_port base_testing_port; do
+    value=$(pgrx_config "$setting")
+    [ -z "$value" ] || init_options+=("--${setting//_/-}" "$value")
+done
+if [ "$PG" = 16 ] && [ -z "$PG_CONFIG" ]; then
+    echo "setup: pgrx downloads and builds PostgreSQL 16 (GitHub workflow; takes several minutes)"
+    cargo pgrx init --pg16 download "${init_options[@]}"
+    PG_CONFIG=$(pgrx_config configs pg16)
+fi
+if ! load_pg_paths; then
+    echo "setup: PostgreSQL $PG is not usable: ${PG_CONFIG:-no pg_config} does not work" >&2
+    exit 1
+fi
+if [ "$(pgrx_config configs "pg$PG")" != "$PG_CONFIG" ]; then
+    echo "setup: registering PostgreSQL $PG ($PG_CONFIG) with pgrx"
+    cargo pgrx init "--pg$PG" "$PG_CONFIG" "${init_options[@]}" >/dev/null
 fi
 
 requirements=$(cat tests/requirements.txt bench/requirements.txt)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine:
 #   1. plain Rust unit tests and #[pg_test]s (cargo pgrx test, in pgrx's own test cluster)
-#   2. the extension built in release mode and installed into PostgreSQL 15
+#   2. the extension built in release mode and installed into the PostgreSQL chosen by PG
+#      (scripts/common.sh: 15 by default; `PG=17 scripts/test.sh` or `PG=17 make test`)
 #   3. integration tests over real client connections and the isolation specs, against a
 #      scratch cluster started here on 127.0.0.1 and stopped at the end
 #   4. a smoke run of the benchmark (bench/), so the harness cannot rot
@@ -10,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 scripts/setup.sh
+require_pg
 
 scratch=$(mktemp -d /tmp/outbox_ext-test.XXXXXX)
 chown postgres: "$scratch" 2>/dev/null || true
@@ -21,13 +23,13 @@ trap cleanup EXIT
 
 echo "== 1/5 Rust unit tests and #[pg_test]s"
 mkdir -p "$scratch/pgrx" && chown postgres: "$scratch/pgrx" 2>/dev/null || true
-cargo pgrx test pg15 --runas postgres --pgdata "$scratch/pgrx/data"
+cargo pgrx test "pg$PG" --runas postgres --pgdata "$scratch/pgrx/data"
 
 echo "== 2/5 build and install the extension"
 cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
 # Released versions' install scripts, for the upgrade tests to create old versions from. The
 # upgrade scripts themselves come from the ordinary install above, and only from it.
-cp sql/versions/outbox_ext--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
+cp sql/versions/outbox_ext--*.sql "$PG_SHAREDIR/extension/"
 
 echo "== 3/5 integration tests and isolation specs against a scratch cluster"
 port=${OUTBOX_TEST_PORT:-25329}

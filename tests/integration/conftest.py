@@ -5,6 +5,7 @@ PGPORT and PGUSER; each test gets a fresh database state (the extension dropped 
 """
 
 import os
+import subprocess
 
 import psycopg
 import pytest
@@ -52,3 +53,18 @@ def enqueue_many(conn, count: int, topic: str = "booking.created") -> list[int]:
         (topic, count),
     ).fetchall()
     return [row[0] for row in rows]
+
+
+def pg_config(option: str) -> str:
+    """A setting of the PostgreSQL version under test (PG), from its pg_config, whose path
+    scripts/common.sh exports as OUTBOX_PG_CONFIG."""
+    path = os.environ.get("OUTBOX_PG_CONFIG")
+    if not path:
+        pytest.fail("OUTBOX_PG_CONFIG is not set: run the integration tests through scripts/test.sh")
+    return subprocess.run([path, option], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def pg_program(name: str) -> str:
+    """The path of a program of the PostgreSQL version under test, e.g. pg_dump
+    (OUTBOX_PG_BIN, exported with OUTBOX_PG_CONFIG, is its bin directory)."""
+    return os.path.join(os.environ.get("OUTBOX_PG_BIN") or pg_config("--bindir"), name)

@@ -4,10 +4,8 @@ pg_extension_config_dump), the subscriptions, and the id sequence."""
 import subprocess
 import tempfile
 
-from conftest import DATABASE
+from conftest import DATABASE, pg_program
 from test_upgrade import STATE, fresh_database
-
-PG_BIN = "/usr/lib/postgresql/15/bin"
 
 
 def test_a_dump_and_restore_round_trip_keeps_pending_and_dead_messages(db):
@@ -23,9 +21,9 @@ def test_a_dump_and_restore_round_trip_keeps_pending_and_dead_messages(db):
     subscriptions = db.execute("SELECT topic, url, secret FROM outbox_subscription").fetchall()
 
     with tempfile.NamedTemporaryFile(suffix=".dump") as dump:
-        subprocess.run([f"{PG_BIN}/pg_dump", "-Fc", "-f", dump.name, DATABASE], check=True)
+        subprocess.run([pg_program("pg_dump"), "-Fc", "-f", dump.name, DATABASE], check=True)
         with fresh_database("outbox_restored") as restored:
-            subprocess.run([f"{PG_BIN}/pg_restore", "--exit-on-error", "-d", "outbox_restored", dump.name], check=True)
+            subprocess.run([pg_program("pg_restore"), "--exit-on-error", "-d", "outbox_restored", dump.name], check=True)
             assert restored.execute(STATE).fetchall() == before
             assert restored.execute("SELECT available_at, processed_at, created_at FROM outbox ORDER BY id").fetchall() == timing
             assert restored.execute("SELECT topic, url, secret FROM outbox_subscription").fetchall() == subscriptions

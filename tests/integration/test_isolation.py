@@ -6,17 +6,20 @@ import pathlib
 import subprocess
 import tempfile
 
-ISOLATION_REGRESS = "/usr/lib/postgresql/15/lib/pgxs/src/test/isolation/pg_isolation_regress"
+from conftest import pg_config
+
 SPEC_DIR = pathlib.Path(__file__).resolve().parent.parent / "isolation"
 
 
 def test_isolation_specs(database):
     specs = sorted(p.stem for p in (SPEC_DIR / "specs").glob("*.spec"))
     assert specs, "no isolation specs found"
+    # Installed with PGXS (lib/pgxs/src/makefiles/pgxs.mk): lib/pgxs/src/test/isolation.
+    isolation_regress = pathlib.Path(pg_config("--pgxs")).parents[1] / "test/isolation/pg_isolation_regress"
     with tempfile.TemporaryDirectory() as output:
         result = subprocess.run(
             [
-                ISOLATION_REGRESS,
+                isolation_regress,
                 f"--host={os.environ['PGHOST']}",
                 f"--port={os.environ['PGPORT']}",
                 "--user=postgres",
