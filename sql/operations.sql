@@ -1,22 +1,9 @@
 -- Operating the outbox: the numbers to watch, dead-letter repair, housekeeping.
--- These functions run with the extension owner's rights (SECURITY DEFINER, pinned search_path)
--- and are granted to outbox_admin (and the statistics to pg_monitor), not to PUBLIC.
-
--- Finished rows by status and time: dead letters, the last minute's completions and the purge
--- of old DONE rows all seek here instead of walking the DONE history.
-CREATE INDEX IF NOT EXISTS outbox_processed_idx ON outbox (status, processed_at) WHERE status <> 'PENDING';
-
--- A queue's table churns: every message is inserted, updated two or three times and deleted.
--- Vacuum it early and often (dead index entries slow the claim down). The fillfactor stays
--- 100: every update of a message changes an indexed column (status or available_at), so none
--- can be HOT, and free space kept on each page for one would only go unused.
-ALTER TABLE outbox SET (
-    autovacuum_vacuum_scale_factor = 0.01,
-    autovacuum_vacuum_threshold = 1000,
-    autovacuum_vacuum_insert_scale_factor = 0.05,
-    autovacuum_analyze_scale_factor = 0.02,
-    autovacuum_vacuum_cost_delay = 1
-);
+-- These functions run with the extension owner's rights (SECURITY DEFINER) and are granted to
+-- outbox_admin (and the statistics to pg_monitor), not to PUBLIC. Each pins
+-- search_path = pg_catalog, pg_temp, names the extension's objects as @extschema@.name and
+-- passes every argument with its type, so that no look-alike (an operator, or an overload of
+-- one of these functions in the extension's schema) is ever chosen over what is meant.
 
 -- The four numbers (and a few more), per topic and in total (the row whose topic is NULL).
 -- Reads pending rows through outbox_ready_idx and finished ones through outbox_processed_idx,
@@ -73,12 +60,6 @@ COMMENT ON FUNCTION outbox_stats() IS
 -- For monitoring roles and exporters: SELECT * FROM outbox_monitoring.
 CREATE OR REPLACE VIEW outbox_monitoring AS SELECT * FROM outbox_stats();
 
--- Dead letters with what is needed to diagnose them.
-CREATE OR REPLACE VIEW outbox_dead_letters AS
-SELECT id, public_id, topic, attempts, last_error, created_at, processed_at AS died_at, payload
-  FROM outbox
- WHERE status = 'DEAD';
-
 -- requeue: give dead messages a new life (attempts from 0, ready now). last_error is kept
 -- until the next failure, as a record of why it died.
 CREATE OR REPLACE FUNCTION outbox_requeue_dead(ids bigint[], topic text) RETURNS integer
@@ -112,7 +93,7 @@ BEGIN
         RAISE EXCEPTION 'outbox_requeue: id must not be NULL (outbox_requeue_all() requeues every dead letter)'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    RETURN @extschema@.outbox_requeue_dead(ARRAY[id], NULL);
+    RETURN @extschema@.outbox_requeue_dead(ARRAY[id]::bigint[], NULL::text);
 END
 $$;
 
@@ -121,15 +102,15 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM @extschema@.outbox_check_topic('outbox_requeue', 'topic', topic);
-    RETURN @extschema@.outbox_requeue_dead(NULL, topic);
+    PERFORM @extschema@.outbox_check_topic('outbox_requeue'::text, 'topic'::text, topic::text);
+    RETURN @extschema@.outbox_requeue_dead(NULL::bigint[], topic::text);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION outbox_requeue_all() RETURNS integer
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-RETURN @extschema@.outbox_requeue_dead(NULL, NULL);
+RETURN @extschema@.outbox_requeue_dead(NULL::bigint[], NULL::text);
 
 COMMENT ON FUNCTION outbox_requeue(bigint) IS 'Puts the DEAD message back to PENDING with attempts reset; returns 1, or 0 when it is not dead.';
 COMMENT ON FUNCTION outbox_requeue(text) IS 'Puts every DEAD message of the topic back to PENDING with attempts reset; returns how many.';
@@ -162,7 +143,7 @@ BEGIN
         RAISE EXCEPTION 'outbox_discard: id must not be NULL (outbox_discard_all() discards every dead letter)'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    RETURN @extschema@.outbox_discard_dead(ARRAY[id], NULL);
+    RETURN @extschema@.outbox_discard_dead(ARRAY[id]::bigint[], NULL::text);
 END
 $$;
 
@@ -171,15 +152,15 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM @extschema@.outbox_check_topic('outbox_discard', 'topic', topic);
-    RETURN @extschema@.outbox_discard_dead(NULL, topic);
+    PERFORM @extschema@.outbox_check_topic('outbox_discard'::text, 'topic'::text, topic::text);
+    RETURN @extschema@.outbox_discard_dead(NULL::bigint[], topic::text);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION outbox_discard_all() RETURNS integer
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-RETURN @extschema@.outbox_discard_dead(NULL, NULL);
+RETURN @extschema@.outbox_discard_dead(NULL::bigint[], NULL::text);
 
 COMMENT ON FUNCTION outbox_discard(bigint) IS 'Deletes the DEAD message; returns 1, or 0 when it is not dead.';
 COMMENT ON FUNCTION outbox_discard(text) IS 'Deletes every DEAD message of the topic; returns how many.';

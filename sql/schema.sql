@@ -1,3 +1,9 @@
+-- Every table, type, index and view of outbox_ext, in one place. (The functions are in
+-- sql/api.sql, sql/subscriptions.sql and sql/operations.sql; who may use what, in
+-- sql/privileges.sql.) Operators that compare the extension's types are written
+-- OPERATOR(pg_catalog.=): a look-alike in the extension's schema could otherwise be bound into
+-- an index predicate or a view for good.
+
 -- A message's life: PENDING until a consumer completes it (DONE) or it runs out of attempts
 -- (DEAD). An enum rather than the essay's varchar + CHECK: it admits nothing else, at no cost
 -- per row written (see the note on constraints below).
@@ -36,20 +42,67 @@ CREATE TABLE outbox (
 -- No CHECK constraints, on purpose. PostgreSQL 15 rebuilds every CHECK of a table from its
 -- stored text for each INSERT or UPDATE statement: one CHECK cost 18% of the insert rate, and
 -- the four this table had about a fifth (bench/README.md). Every write goes through the
--- functions in sql/api.sql and sql/operations.sql (no role may write to the table), and they
--- keep the invariants the constraints stated: a valid topic, attempts >= 0, and processed_at
--- set exactly when the status is not PENDING. tests/reliability/hostile.py checks them after
--- its random calls.
+-- extension's functions (no role may write to the table), and they keep the invariants the
+-- constraints stated: a valid topic, attempts >= 0, and processed_at set exactly when the
+-- status is not PENDING. tests/reliability/hostile.py checks them after its random calls.
 
 COMMENT ON TABLE outbox IS 'Work owed by committed transactions: PENDING until a consumer completes it (DONE) or it runs out of attempts (DEAD).';
 
 -- The claim query seeks here: only pending rows are indexed, in the order they become ready,
 -- so neither a sort nor the (eventually huge) DONE history is ever visited.
-CREATE INDEX outbox_ready_idx ON outbox (available_at, id) WHERE status = 'PENDING';
+CREATE INDEX outbox_ready_idx ON outbox (available_at, id) WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status;
 
--- "Enqueue once per key": the arbiter of INSERT … ON CONFLICT in outbox_enqueue.
-CREATE UNIQUE INDEX outbox_dedupe_key_idx ON outbox (dedupe_key) WHERE dedupe_key IS NOT NULL;
+-- "Enqueue once per key and topic": the arbiter of INSERT … ON CONFLICT in outbox_enqueue.
+CREATE UNIQUE INDEX outbox_dedupe_key_idx ON outbox (topic, dedupe_key) WHERE dedupe_key IS NOT NULL;
+
+-- Finished rows by status and time: dead letters, the last minute's completions and the purge
+-- of old DONE rows all seek here instead of walking the DONE history.
+CREATE INDEX outbox_processed_idx ON outbox (status, processed_at) WHERE status OPERATOR(pg_catalog.<>) 'PENDING'::outbox_status;
+
+-- A queue's table churns: every message is inserted, updated two or three times and deleted.
+-- Vacuum it early and often (dead index entries slow the claim down). The fillfactor stays
+-- 100: every update of a message changes an indexed column (status or available_at), so none
+-- can be HOT, and free space kept on each page for one would only go unused.
+ALTER TABLE outbox SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 1
+);
 
 -- pg_dump keeps the messages (an extension's tables are otherwise dumped empty).
 SELECT pg_catalog.pg_extension_config_dump('outbox', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox_id_seq', '');
+
+-- Dead letters with what is needed to diagnose them.
+CREATE VIEW outbox_dead_letters AS
+SELECT id, public_id, topic, attempts, last_error, created_at, processed_at AS died_at, payload
+  FROM outbox
+ WHERE status OPERATOR(pg_catalog.=) 'DEAD'::outbox_status;
+
+-- Subscriptions: which endpoints the delivery worker sends each topic's messages to.
+--
+-- An endpoint is a place the server will send data to, and a secret signs what it sends, so
+-- only administrators may manage them (sql/privileges.sql). The view outbox_subscriptions
+-- shows no secrets and only the names of extra headers (they may carry credentials).
+CREATE TABLE outbox_subscription (
+    id         bigserial   PRIMARY KEY,
+    topic      varchar(64) NOT NULL CHECK (outbox_topic_is_valid(topic)),
+    url        text        NOT NULL,
+    secret     text,
+    headers    jsonb       NOT NULL DEFAULT '{}',
+    -- NULL: outbox.http_timeout.
+    timeout    interval    CHECK (timeout BETWEEN interval '100 milliseconds' AND interval '10 minutes'),
+    enabled    boolean     NOT NULL DEFAULT true,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT outbox_subscription_topic_url_key UNIQUE (topic, url)
+);
+SELECT pg_catalog.pg_extension_config_dump('outbox_subscription', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox_subscription_id_seq', '');
+
+CREATE VIEW outbox_subscriptions AS
+SELECT id, topic, url, secret IS NOT NULL AS signed,
+       ARRAY(SELECT jsonb_object_keys(headers) ORDER BY 1) AS header_names,
+       timeout, enabled, created_at
+  FROM outbox_subscription;

@@ -2,7 +2,7 @@
 //! (`ALTER ROLE … SET`), per database (`ALTER DATABASE … SET`) or server-wide. The worker's
 //! are `SIGHUP` (a reload applies them) except which databases it serves (`POSTMASTER`).
 
-use crate::backoff::BackoffPolicy;
+use crate::policy::{BackoffPolicy, RetryPolicy};
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;
 use std::time::Duration;
@@ -100,7 +100,7 @@ pub fn register_worker(preloading: bool) {
         c"",
         &WORKER_BATCH_SIZE,
         1,
-        crate::hot_path::MAX_BATCH_SIZE, // the worker claims through outbox_claim
+        crate::claim::MAX_BATCH_SIZE, // the worker claims through outbox_claim
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -175,14 +175,13 @@ pub fn worker_settings() -> WorkerSettings {
 }
 
 /// The retry policy as the current settings define it.
-pub fn backoff_policy() -> BackoffPolicy {
-    BackoffPolicy {
-        base: Duration::from_millis(BACKOFF_BASE_MS.get() as u64),
-        max: Duration::from_millis(BACKOFF_MAX_MS.get() as u64),
-        jitter: BACKOFF_JITTER.get(),
+pub fn retry_policy() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: MAX_ATTEMPTS.get(),
+        backoff: BackoffPolicy {
+            base: Duration::from_millis(BACKOFF_BASE_MS.get() as u64),
+            max: Duration::from_millis(BACKOFF_MAX_MS.get() as u64),
+            jitter: BACKOFF_JITTER.get(),
+        },
     }
-}
-
-pub fn max_attempts() -> i32 {
-    MAX_ATTEMPTS.get()
 }

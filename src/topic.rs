@@ -1,15 +1,17 @@
 //! What a topic may look like: an event name such as `booking.created` or `invoice:paid`.
 //!
-//! One definition serves the argument checks of the API (`outbox_check_topic`, and
-//! `outbox_enqueue` directly) and the CHECK constraint of `outbox_subscription`
+//! One definition serves every argument check (`outbox_enqueue`, `outbox_claim`, the
+//! subscriptions, the dead-letter tools) and the CHECK constraint of `outbox_subscription`
 //! (`outbox_topic_is_valid`), so they can never disagree.
 
-use crate::errors::null_argument;
-use pgrx::pg_sys::errcodes::PgSqlErrorCode;
-use pgrx::prelude::*;
+use crate::error::{or_raise, Name, OutboxError};
+use crate::fmgr::{required, sql_function};
+use pgrx::datum::IntoDatum;
 
 /// The length of the `topic varchar(64)` column.
 pub const MAX_TOPIC_CHARS: usize = 64;
+
+const TOPIC_HINT: &str = "A topic starts with an ASCII letter or digit and continues with letters, digits, '_', '.', ':' or '-', e.g. 'booking.created'.";
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum TopicProblem {
@@ -37,48 +39,45 @@ pub fn check(topic: &str) -> Result<(), TopicProblem> {
     }
 }
 
-/// True when `topic` is a well-formed event name.
-#[pg_extern(immutable, strict, parallel_safe)]
-fn outbox_topic_is_valid(topic: &str) -> bool {
-    check(topic).is_ok()
-}
-
-/// Raises the error a caller deserves for a bad topic argument, naming the function and the
-/// argument; returns quietly for a good one.
-#[pg_extern(immutable, parallel_safe)]
-fn outbox_check_topic(function: &str, argument: &str, topic: Option<&str>) {
-    require_valid(function, argument, topic);
-}
-
-/// The body of `outbox_check_topic`, for callers in Rust.
-pub fn require_valid(function: &str, argument: &str, topic: Option<&str>) {
-    let Some(topic) = topic else { null_argument(function, argument) };
+/// The error a caller deserves for a bad topic argument, naming the function and the argument.
+pub fn validate(function: impl Into<Name>, argument: impl Into<Name>, topic: Option<&str>) -> Result<(), OutboxError> {
+    let Some(topic) = topic else { return Err(OutboxError::null(function, argument)) };
     match check(topic) {
-        Ok(()) => {}
-        Err(TopicProblem::Empty) => {
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("{function}: {argument} must not be empty")
-            );
-        }
-        Err(TopicProblem::TooLong(chars)) => {
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_STRING_DATA_RIGHT_TRUNCATION,
-                format!("{function}: {argument} is {chars} characters long, the limit is {MAX_TOPIC_CHARS}")
-            );
-        }
+        Ok(()) => Ok(()),
+        Err(TopicProblem::Empty) => Err(OutboxError::invalid(function, argument, "must not be empty")),
+        Err(TopicProblem::TooLong(chars)) => Err(OutboxError::too_long(
+            function,
+            argument,
+            format!("is {chars} characters long, the limit is {MAX_TOPIC_CHARS}"),
+        )),
         Err(TopicProblem::IllFormed) => {
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("{function}: {argument} {topic:?} is not a valid event name"),
-                "A topic starts with an ASCII letter or digit and continues with letters, digits, '_', '.', ':' or '-', e.g. 'booking.created'."
-            );
+            Err(OutboxError::invalid(function, argument, format!("{topic:?} is not a valid event name")).with_hint(TOPIC_HINT))
         }
     }
 }
+
+/// [`validate`], raising the error.
+pub fn require_valid(function: &'static str, argument: &'static str, topic: Option<&str>) {
+    or_raise(validate(function, argument, topic));
+}
+
+// The symbol names of these two are those pgrx gave them until 0.3.0: databases not yet
+// updated (ALTER EXTENSION outbox_ext UPDATE) call them by those names.
+
+// outbox_topic_is_valid(topic text) RETURNS boolean (STRICT): whether `topic` is well formed.
+sql_function!(outbox_topic_is_valid_wrapper, pg_finfo_outbox_topic_is_valid_wrapper, |args| {
+    let topic = required(args.text(0), "outbox_topic_is_valid", "topic");
+    check(&topic).is_ok().into_datum().unwrap()
+});
+
+// outbox_check_topic(function text, argument text, topic text) RETURNS void: raises the error
+// the SQL-language functions owe their callers for a bad topic.
+sql_function!(outbox_check_topic_wrapper, pg_finfo_outbox_check_topic_wrapper, |args| {
+    let function = args.text(0).unwrap_or_default();
+    let argument = args.text(1).unwrap_or_default();
+    or_raise(validate(function, argument, args.text(2).as_deref()));
+    pgrx::pg_sys::Datum::from(0)
+});
 
 #[cfg(test)]
 mod unit_tests {
@@ -106,5 +105,14 @@ mod unit_tests {
         // 64 multi-byte characters are too ill-formed, but not "too long".
         assert_eq!(check(&"é".repeat(64)), Err(TopicProblem::IllFormed));
         assert_eq!(check(&"é".repeat(65)), Err(TopicProblem::TooLong(65)));
+    }
+
+    #[test]
+    fn errors_name_the_function_and_the_argument() {
+        let error = validate("outbox_claim", "topics", Some("not a topic")).unwrap_err();
+        assert_eq!(error.to_string(), "outbox_claim: topics \"not a topic\" is not a valid event name");
+        assert!(matches!(error, OutboxError::InvalidArgument { .. }));
+        assert!(matches!(validate("f", "topic", None).unwrap_err(), OutboxError::NullArgument { .. }));
+        assert!(matches!(validate("f", "topic", Some(&"a".repeat(65))).unwrap_err(), OutboxError::TooLong { .. }));
     }
 }

@@ -10,6 +10,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use crate::policy::MAX_RETRY_AFTER;
 use std::io::Read;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,9 +20,6 @@ pub const ERROR_BODY_BYTES: usize = 256;
 /// back to the agent's pool for the next delivery (ureq reuses only those); a longer one is
 /// dropped together with its connection.
 const MAX_BODY_READ: u64 = 64 * 1024;
-/// A `Retry-After` longer than this is cut to it: a misbehaving endpoint cannot park a
-/// message for months.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// Where and how a topic's messages are sent.
 #[derive(Debug, Clone)]
@@ -69,9 +67,11 @@ pub fn decode_secret(secret: &str) -> Result<Vec<u8>, String> {
     Ok(key)
 }
 
-/// A new random secret in the `whsec_` form (32 bytes of key).
+/// A new random secret in the `whsec_` form: 32 bytes of key from the operating system's
+/// cryptographic random source.
 pub fn generate_secret() -> String {
-    let key: Vec<u8> = std::iter::repeat_with(|| fastrand::u8(..)).take(32).collect();
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).expect("the operating system's random source is available");
     format!("whsec_{}", BASE64.encode(key))
 }
 

@@ -15,6 +15,8 @@
 
 pub mod registry;
 
+pub use registry::wake_worker_at_commit as wake_at_commit;
+
 use crate::delivery::{self, Endpoint, Message, Outcome};
 use crate::settings::{self, WorkerSettings};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
@@ -54,7 +56,7 @@ const SESSION_SETTINGS: &str = "SELECT pg_catalog.set_config('lock_timeout', '10
      pg_catalog.set_config('statement_timeout', '60s', false), \
      pg_catalog.set_config('synchronous_commit', 'off', false)";
 const PURGE: &str = "SELECT outbox_purge($1, false, $2)";
-const COMPLETE_BATCH: &str = "SELECT outbox_complete($1::bigint[], $2::uuid[])";
+const COMPLETE_BATCH: &str = "SELECT outbox_complete_batch($1::bigint[], $2::uuid[])";
 const FAIL: &str = "SELECT outbox_fail($1, $2, $3::uuid, $4)";
 
 /// The statements of every round, prepared once and kept for the worker's life instead of

@@ -1,9 +1,8 @@
 -- outbox_claim, first step: lock up to $3 ready messages (of the topics $2, or all), oldest
 -- ready first, skipping rows other consumers hold. $1 is the claim's reading of the clock: as
--- a parameter it lets the seek on outbox_ready_idx start at the right place.
--- Planned once per session and kept (src/hot_path/): every name is qualified, operators
--- included, so the caller's search_path cannot change what it runs.
-SELECT o, o.id, o.attempts
+-- a parameter it lets the seek on outbox_ready_idx start at the right place. Returns each row
+-- whole, its id, its attempts and whether a lease still names a holder.
+SELECT o, o.id, o.attempts, o.lease_token IS NOT NULL
   FROM @extschema@.outbox o
  WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
    AND o.available_at OPERATOR(pg_catalog.<=) $1

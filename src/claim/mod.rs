@@ -1,0 +1,97 @@
+//! Claim: a consumer takes up to `batch_size` ready messages (of some topics, or all), oldest
+//! ready first, with `FOR UPDATE SKIP LOCKED`: a second consumer never waits for the first.
+//!
+//! With a lease, each claimed message is a delivery: one more attempt, a new lease_token, and
+//! ready again only when the lease runs out. Without one (`lease => NULL`) nothing is written:
+//! the rows stay locked until the caller's transaction ends. A message that has had all its
+//! attempts without an outcome is dead-lettered here instead (policy.rs decides).
+
+use crate::error::{raise, OutboxError};
+use crate::fmgr::{required, sql_function, SetResult};
+use crate::spi::{schema_of_function, Spi, Statement};
+use crate::{interval, settings, topic};
+use pgrx::datum::IntoDatum;
+use pgrx::pg_sys::{self, BuiltinOid::*};
+use std::cmp::Ordering;
+use std::collections::HashMap;
+
+/// The largest batch one call may claim.
+pub const MAX_BATCH_SIZE: i32 = 10_000;
+
+static LOCK: Statement = Statement::new(include_str!("lock.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID]);
+static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID]);
+static LEASE: Statement = Statement::new(include_str!("lease.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
+
+/// A locked message: its whole row, id, attempts, and whether a lease names a holder.
+struct Locked {
+    row: pg_sys::Datum,
+    id: i64,
+    attempts: i32,
+    held_under_a_lease: bool,
+}
+
+// outbox_claim(batch_size integer, topics text[], lease interval) RETURNS SETOF outbox
+sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
+    const FUNCTION: &str = "outbox_claim";
+    let batch_size = required(args.get::<i32>(0), FUNCTION, "batch_size");
+    if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
+        raise(OutboxError::invalid(FUNCTION, "batch_size", format!("must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}")));
+    }
+    if let Some((topics, _)) = args.text_array(1) {
+        for wanted in &topics {
+            let Some(wanted) = wanted else { raise(OutboxError::null_element(FUNCTION, "topics")) };
+            topic::require_valid(FUNCTION, "topics", Some(wanted));
+        }
+    }
+    let lease = args.interval(2);
+    if lease.as_ref().is_some_and(|lease| interval::sign(lease) != Ordering::Greater) {
+        let shown = interval::shown(args.datum(2).expect("not NULL"));
+        raise(OutboxError::invalid(FUNCTION, "lease", format!("must be positive, got {shown}")));
+    }
+    let policy = settings::retry_policy();
+    // One reading of the clock for the whole claim: readiness is judged by it (not by the start
+    // of the caller's transaction).
+    // SAFETY: GetCurrentTimestamp reads the clock.
+    let claimed_at = pg_sys::Datum::from(unsafe { pg_sys::GetCurrentTimestamp() });
+
+    let schema = schema_of_function(args.fcinfo());
+    let mut result = SetResult::begin(&args);
+    let mut spi = Spi::connect();
+    let rows = spi.execute(&LOCK, schema, &[Some(claimed_at), args.datum(1), batch_size.into_datum()]);
+    let locked: Vec<Locked> = (0..rows.len())
+        .map(|row| Locked {
+            row: rows.datum(row, 1).expect("a whole row is never NULL"),
+            id: rows.get(row, 2).expect("id"),
+            attempts: rows.get(row, 3).expect("attempts"),
+            held_under_a_lease: rows.get(row, 4).expect("lease held"),
+        })
+        .collect();
+
+    let (exhausted, live): (Vec<Locked>, Vec<Locked>) = locked.into_iter().partition(|m| policy.is_exhausted(m.attempts));
+    if !exhausted.is_empty() {
+        let ids: Vec<i64> = exhausted.iter().map(|m| m.id).collect();
+        let reasons: Vec<String> = exhausted.iter().map(|m| policy.exhausted_reason(m.attempts, m.held_under_a_lease)).collect();
+        spi.execute(&DEAD_LETTER, schema, &[ids.into_datum(), Some(claimed_at), reasons.into_datum()]);
+    }
+
+    if lease.is_none() {
+        // No lease: the rows stay locked until the caller's transaction ends, and nothing is
+        // written. The caller completes or fails them in that transaction (outbox_fail counts
+        // the attempt); if it rolls back or dies, they are as if never claimed.
+        for message in &live {
+            result.push_row(message.row);
+        }
+    } else if !live.is_empty() {
+        let ids: Vec<i64> = live.iter().map(|m| m.id).collect();
+        let leased = spi.execute(&LEASE, schema, &[ids.into_datum(), Some(claimed_at), args.datum(2)]);
+        let by_id: HashMap<i64, pg_sys::Datum> = (0..leased.len())
+            .map(|row| (leased.get(row, 2).expect("id"), leased.datum(row, 1).expect("a whole row is never NULL")))
+            .collect();
+        // In the order they were locked: oldest ready first.
+        for row in live.iter().filter_map(|m| by_id.get(&m.id)) {
+            result.push_row(*row);
+        }
+    }
+    spi.finish();
+    result.finish()
+});

@@ -1,0 +1,55 @@
+//! Complete: the message was handled; it becomes DONE. With lease tokens, only while the token
+//! still holds the message (a consumer whose lease ran out and was re-claimed changes nothing);
+//! without, whoever holds it (a claim without lease holds its rows' locks: nobody else can).
+//!
+//! `outbox_complete(id, lease_token)` for one message; `outbox_complete_batch(ids, lease_tokens)`
+//! for many. The batch form's old name, `outbox_complete(bigint[], uuid[])`, is kept for one
+//! release: with it beside the one-message form, drivers that send untyped parameters cannot
+//! call `outbox_complete($1)` without a cast.
+
+use crate::error::{raise, OutboxError};
+use crate::fmgr::{required, sql_function, Args};
+use crate::spi::{schema_of_function, Spi, Statement};
+use pgrx::datum::{Array, IntoDatum, Uuid};
+use pgrx::pg_sys::{self, BuiltinOid::*};
+
+static WITH_TOKENS: Statement = Statement::new(include_str!("with_tokens.sql"), &[INT8ARRAYOID, UUIDARRAYOID]);
+static ANY_HOLDER: Statement = Statement::new(include_str!("any_holder.sql"), &[INT8ARRAYOID]);
+
+/// Marks the PENDING messages among `ids` DONE (each only while its element of `tokens`, if
+/// any, still holds it); returns how many.
+fn complete(args: &Args, ids: Option<pg_sys::Datum>, tokens: Option<pg_sys::Datum>) -> usize {
+    let schema = schema_of_function(args.fcinfo());
+    let mut spi = Spi::connect();
+    let completed = match tokens {
+        Some(_) => spi.execute(&WITH_TOKENS, schema, &[ids, tokens]).len(),
+        None => spi.execute(&ANY_HOLDER, schema, &[ids]).len(),
+    };
+    spi.finish();
+    completed
+}
+
+// outbox_complete(id bigint, lease_token uuid) RETURNS boolean
+sql_function!(outbox_complete_c, pg_finfo_outbox_complete_c, |args| {
+    let id = required(args.get::<i64>(0), "outbox_complete", "id");
+    let token = args.get::<Uuid>(1);
+    let completed = complete(&args, vec![id].into_datum(), token.map(|t| vec![t]).into_datum());
+    (completed == 1).into_datum().unwrap()
+});
+
+// outbox_complete_batch(ids bigint[], lease_tokens uuid[]) RETURNS integer, and the deprecated
+// outbox_complete(ids bigint[], lease_tokens uuid[]).
+sql_function!(outbox_complete_batch_c, pg_finfo_outbox_complete_batch_c, |args| {
+    const FUNCTION: &str = "outbox_complete_batch";
+    let ids = required(args.get::<Array<i64>>(0), FUNCTION, "ids");
+    if ids.contains_nulls() {
+        raise(OutboxError::null_element(FUNCTION, "ids"));
+    }
+    if let Some(tokens) = args.get::<Array<Uuid>>(1) {
+        if tokens.len() != ids.len() {
+            raise(OutboxError::invalid(FUNCTION, "lease_tokens", format!("has {} elements but ids has {}", tokens.len(), ids.len())));
+        }
+    }
+    let completed = complete(&args, args.datum(0), args.datum(1));
+    (completed as i32).into_datum().unwrap()
+});

@@ -1,0 +1,119 @@
+//! Enqueue: the first stage of a message's life. `outbox_enqueue` and `outbox_enqueue_batch`
+//! record messages in the caller's transaction and never commit: the caller's COMMIT makes the
+//! business change and the work it owes durable together, and a rollback takes both away.
+//!
+//! A `dedupe_key` makes the enqueue "at most once per key and topic": a second enqueue with the
+//! key gets back only the id and public_id of the message that holds it (its payload NULL says
+//! it was a duplicate), never the content of another producer's message.
+
+use crate::error::{or_raise, raise, OutboxError};
+use crate::fmgr::{required, sql_function, Args, SetResult};
+use crate::spi::{schema_of_function, Spi, Statement};
+use crate::{interval, text, topic, worker};
+use pgrx::pg_sys::{self, BuiltinOid::*};
+use std::cmp::Ordering;
+
+/// dedupe_key's limit, in characters.
+pub const MAX_DEDUPE_KEY_CHARS: usize = 255;
+
+static INSERT: Statement = Statement::new(include_str!("insert.sql"), &[TEXTOID, JSONBOID, INTERVALOID]);
+static INSERT_ONCE_PER_KEY: Statement =
+    Statement::new(include_str!("insert_once_per_key.sql"), &[TEXTOID, JSONBOID, INTERVALOID, TEXTOID]);
+static KEY_HOLDER: Statement = Statement::new(include_str!("key_holder.sql"), &[TEXTOID, TEXTOID]);
+static INSERT_BATCH: Statement = Statement::new(include_str!("insert_batch.sql"), &[TEXTOID, JSONBARRAYOID, INTERVALOID]);
+
+const EMPTY_PAYLOAD_HINT: &str = "Use '{}'::jsonb for an empty payload.";
+
+/// The `delay` argument: not NULL, not negative.
+fn checked_delay(function: &'static str, args: &Args, n: usize) -> pg_sys::Datum {
+    let delay = required(args.interval(n), function, "delay");
+    if interval::sign(&delay) == Ordering::Less {
+        let shown = interval::shown(args.datum(n).expect("not NULL"));
+        raise(OutboxError::invalid(function, "delay", format!("must not be negative, got {shown}")));
+    }
+    args.datum(n).expect("not NULL")
+}
+
+/// The `dedupe_key` argument: NULL for none, else not empty and at most 255 characters.
+fn check_dedupe_key(function: &'static str, key: &[u8]) {
+    if key.is_empty() {
+        raise(OutboxError::invalid(function, "dedupe_key", "must not be empty (pass NULL for no key)"));
+    }
+    if text::server_chars(key) > MAX_DEDUPE_KEY_CHARS {
+        raise(OutboxError::too_long(function, "dedupe_key", format!("is longer than {MAX_DEDUPE_KEY_CHARS} characters")));
+    }
+}
+
+// outbox_enqueue(topic text, payload jsonb, delay interval, dedupe_key text) RETURNS outbox
+sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
+    const FUNCTION: &str = "outbox_enqueue";
+    topic::require_valid(FUNCTION, "topic", args.text(0).as_deref());
+    if args.is_null(1) {
+        raise(OutboxError::null(FUNCTION, "payload").with_hint(EMPTY_PAYLOAD_HINT));
+    }
+    let delay = checked_delay(FUNCTION, &args, 2);
+    if let Some(key) = args.text_bytes(3) {
+        check_dedupe_key(FUNCTION, key);
+    }
+
+    // When this transaction commits, an idle delivery worker starts at once.
+    worker::wake_at_commit();
+
+    let schema = schema_of_function(args.fcinfo());
+    let (topic, payload, key) = (args.datum(0), args.datum(1), args.datum(3));
+    let mut spi = Spi::connect();
+    let message = if key.is_none() {
+        spi.execute(&INSERT, schema, &[topic, payload, Some(delay)]).datum_for_caller(0, 1)
+    } else {
+        // Either our insert or the key's holder; the loop covers a holder deleted (discarded
+        // or purged) between the two statements.
+        loop {
+            let inserted = spi.execute(&INSERT_ONCE_PER_KEY, schema, &[topic, payload, Some(delay), key]);
+            if !inserted.is_empty() {
+                break inserted.datum_for_caller(0, 1);
+            }
+            let holder = spi.execute(&KEY_HOLDER, schema, &[topic, key]);
+            if !holder.is_empty() {
+                break holder.datum_for_caller(0, 1);
+            }
+        }
+    };
+    spi.finish();
+    message.unwrap_or_else(|| or_raise(Err(OutboxError::Internal("outbox_enqueue: the insert returned no row".into()))))
+});
+
+// outbox_enqueue_batch(topic text, payloads jsonb[], delay interval) RETURNS SETOF outbox
+sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
+    const FUNCTION: &str = "outbox_enqueue_batch";
+    topic::require_valid(FUNCTION, "topic", args.text(0).as_deref());
+    let payloads = required(args.datum(1), FUNCTION, "payloads");
+    let (dimensions, has_nulls) = args.array_shape(1).expect("not NULL");
+    if dimensions > 1 {
+        raise(OutboxError::invalid(FUNCTION, "payloads", format!("must be a one-dimensional array, got {dimensions} dimensions")));
+    }
+    if has_nulls {
+        raise(OutboxError::null_element(FUNCTION, "payloads"));
+    }
+    let delay = checked_delay(FUNCTION, &args, 2);
+    if dimensions == 0 {
+        return SetResult::begin(&args).finish(); // an empty array: nothing to record
+    }
+    worker::wake_at_commit();
+
+    let schema = schema_of_function(args.fcinfo());
+    let mut result = SetResult::begin(&args);
+    let mut spi = Spi::connect();
+    let rows = spi.execute(&INSERT_BATCH, schema, &[args.datum(0), Some(payloads), Some(delay)]);
+    for row in 0..rows.len() {
+        result.push_row(rows.datum(row, 1).expect("a whole row is never NULL"));
+    }
+    spi.finish();
+    result.finish()
+});
+
+/// A time-ordered UUID (version 7), the default of `public_id`: new ids land at the right edge
+/// of its unique index instead of splitting pages at random.
+#[pgrx::pg_extern(volatile, parallel_safe)]
+fn outbox_uuid_v7() -> pgrx::datum::Uuid {
+    pgrx::datum::Uuid::from_bytes(*uuid::Uuid::now_v7().as_bytes())
+}

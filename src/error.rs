@@ -1,0 +1,153 @@
+//! The extension's errors: each kind has one SQLSTATE, and every error is raised through
+//! [`raise`], so a caller can tell bad input (class 22) from a fault of ours (XX000), and no
+//! Rust backtrace ever reaches a client (see `lib.rs`).
+//!
+//! docs/api.md has the table of these errors; a unit test below keeps the two in step.
+
+use crate::text;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::PgLogLevel;
+use std::borrow::Cow;
+
+/// A function's or an argument's name: usually a literal, sometimes passed in from SQL.
+pub type Name = Cow<'static, str>;
+
+/// What went wrong, with the function and the argument it concerns.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutboxError {
+    /// A required argument is NULL.
+    #[error("{function}: {argument} must not be NULL")]
+    NullArgument { function: Name, argument: Name, hint: Option<&'static str> },
+    /// An array argument holds a NULL where every element needs a value.
+    #[error("{function}: {argument} must not contain NULL")]
+    NullElement { function: Name, argument: Name },
+    /// An argument out of range or ill-formed.
+    #[error("{function}: {argument} {problem}")]
+    InvalidArgument { function: Name, argument: Name, problem: String, hint: Option<&'static str> },
+    /// A string longer than its column allows.
+    #[error("{function}: {argument} {problem}")]
+    TooLong { function: Name, argument: Name, problem: String },
+    /// A fault of the extension or of the server under it, not of the caller.
+    #[error("outbox_ext: {0}")]
+    Internal(String),
+}
+
+impl OutboxError {
+    pub fn null(function: impl Into<Name>, argument: impl Into<Name>) -> Self {
+        OutboxError::NullArgument { function: function.into(), argument: argument.into(), hint: None }
+    }
+
+    pub fn null_element(function: impl Into<Name>, argument: impl Into<Name>) -> Self {
+        OutboxError::NullElement { function: function.into(), argument: argument.into() }
+    }
+
+    pub fn invalid(function: impl Into<Name>, argument: impl Into<Name>, problem: impl Into<String>) -> Self {
+        OutboxError::InvalidArgument { function: function.into(), argument: argument.into(), problem: problem.into(), hint: None }
+    }
+
+    /// The same error, with a HINT for the person reading it.
+    pub fn with_hint(self, text: &'static str) -> Self {
+        match self {
+            OutboxError::NullArgument { function, argument, .. } => OutboxError::NullArgument { function, argument, hint: Some(text) },
+            OutboxError::InvalidArgument { function, argument, problem, .. } => {
+                OutboxError::InvalidArgument { function, argument, problem, hint: Some(text) }
+            }
+            other => other,
+        }
+    }
+
+    fn hint(&self) -> Option<&'static str> {
+        match self {
+            OutboxError::NullArgument { hint, .. } | OutboxError::InvalidArgument { hint, .. } => *hint,
+            _ => None,
+        }
+    }
+
+    pub fn too_long(function: impl Into<Name>, argument: impl Into<Name>, problem: impl Into<String>) -> Self {
+        OutboxError::TooLong { function: function.into(), argument: argument.into(), problem: problem.into() }
+    }
+
+    /// The SQLSTATE of this kind of error, as PostgreSQL's code and as text.
+    fn sqlstate(&self) -> (PgSqlErrorCode, &'static str) {
+        match self {
+            OutboxError::NullArgument { .. } | OutboxError::NullElement { .. } => {
+                (PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "22004")
+            }
+            OutboxError::InvalidArgument { .. } => (PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "22023"),
+            OutboxError::TooLong { .. } => (PgSqlErrorCode::ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "22001"),
+            OutboxError::Internal(_) => (PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "XX000"),
+        }
+    }
+}
+
+/// Raises `error` as a PostgreSQL ERROR: the current transaction (or subtransaction) aborts.
+pub fn raise(error: OutboxError) -> ! {
+    // The message may quote the caller's values; shown in a database that is not UTF-8, any
+    // character outside ASCII is escaped rather than sent as bytes it does not hold.
+    let message = text::for_server_message(&error.to_string()).into_owned();
+    let mut report = ErrorReport::new(error.sqlstate().0, message, "");
+    if let Some(hint) = error.hint() {
+        report = report.set_hint(hint);
+    }
+    report.report(PgLogLevel::ERROR);
+    unreachable!("an ERROR does not return")
+}
+
+/// `result`'s value, or its error raised.
+pub fn or_raise<T>(result: Result<T, OutboxError>) -> T {
+    result.unwrap_or_else(|error| raise(error))
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_function_and_the_argument() {
+        assert_eq!(OutboxError::null("outbox_claim", "batch_size").to_string(), "outbox_claim: batch_size must not be NULL");
+        let with_hint = OutboxError::null("outbox_enqueue", "payload").with_hint("use '{}'");
+        assert_eq!(with_hint.to_string(), "outbox_enqueue: payload must not be NULL");
+        assert_eq!(with_hint.hint(), Some("use '{}'"));
+        assert_eq!(
+            OutboxError::invalid("outbox_claim", "lease", "must be positive, got 00:00:00").to_string(),
+            "outbox_claim: lease must be positive, got 00:00:00"
+        );
+    }
+
+    /// One of each kind of error.
+    fn every_kind() -> Vec<OutboxError> {
+        vec![
+            OutboxError::null("f", "a"),
+            OutboxError::null_element("f", "a"),
+            OutboxError::invalid("f", "a", "x"),
+            OutboxError::too_long("f", "a", "x"),
+            OutboxError::Internal("x".into()),
+        ]
+    }
+
+    #[test]
+    fn each_kind_has_its_sqlstate() {
+        let codes: Vec<&str> = every_kind().iter().map(|e| e.sqlstate().1).collect();
+        assert_eq!(codes, ["22004", "22004", "22023", "22001", "XX000"]);
+    }
+
+    /// docs/api.md's table of errors names exactly the SQLSTATEs raised here.
+    #[test]
+    fn the_documented_table_matches() {
+        let docs = include_str!("../docs/api.md");
+        let table = docs.split("## Errors").nth(1).expect("docs/api.md has an Errors section");
+        let documented: Vec<&str> = table
+            .lines()
+            .take_while(|line| !line.starts_with("## "))
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|rest| rest.split('`').next())
+            .collect();
+        let mut raised: Vec<&str> = every_kind().iter().map(|e| e.sqlstate().1).collect();
+        raised.sort();
+        raised.dedup();
+        let mut listed = documented.clone();
+        listed.sort();
+        assert_eq!(listed, raised, "docs/api.md's error table and error.rs disagree");
+    }
+}

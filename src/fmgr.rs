@@ -1,0 +1,171 @@
+//! The extension's SQL functions written as C-language functions: the [`sql_function!`] macro
+//! declares one, and [`Args`] reads its arguments (text converted from the database's
+//! encoding, NULLs as `None`). The SQL declarations are in `sql/*.sql`
+//! (`LANGUAGE c … AS 'MODULE_PATHNAME', '<name>'`).
+//!
+//! Why not `#[pg_extern]`: these functions take text in any database encoding (pgrx's `&str`
+//! insists on UTF-8), and their SQL declarations (SECURITY DEFINER, defaults, grants) are
+//! written by hand in the SQL files with the rest of the schema.
+
+use crate::error::{raise, OutboxError};
+use crate::text;
+use pgrx::datum::{FromDatum, Interval};
+use pgrx::pg_sys;
+
+/// Declares a C-language SQL function `$name` (with its `pg_finfo_<name>` record, which
+/// PostgreSQL looks up by that name) whose body gets the call's [`Args`] and returns a
+/// `Datum`. Its SQL declaration is in `sql/*.sql`.
+macro_rules! sql_function {
+    ($name:ident, $finfo:ident, |$args:ident| $body:block) => {
+        #[unsafe(no_mangle)]
+        #[doc(hidden)]
+        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+            const V1_API: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            &V1_API
+        }
+
+        #[::pgrx::pg_guard]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C-unwind" fn $name(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
+            // SAFETY: PostgreSQL calls this with a valid fcinfo for the declared arguments.
+            let $args = unsafe { $crate::fmgr::Args::new(fcinfo) };
+            $body
+        }
+    };
+}
+pub(crate) use sql_function;
+
+/// The arguments of one call of a C-language function.
+pub struct Args {
+    fcinfo: pg_sys::FunctionCallInfo,
+}
+
+impl Args {
+    /// # Safety
+    /// `fcinfo` must be the valid call information PostgreSQL passed to the function.
+    pub unsafe fn new(fcinfo: pg_sys::FunctionCallInfo) -> Self {
+        Args { fcinfo }
+    }
+
+    pub fn fcinfo(&self) -> pg_sys::FunctionCallInfo {
+        self.fcinfo
+    }
+
+    /// Argument `n` as a raw datum, `None` when NULL.
+    pub fn datum(&self, n: usize) -> Option<pg_sys::Datum> {
+        // SAFETY: `n` is within the function's declared arguments (callers pass constants that
+        // match the SQL declaration), and fcinfo is valid for the call.
+        unsafe {
+            let fcinfo = &*self.fcinfo;
+            assert!(n < fcinfo.nargs as usize, "argument {n} of a function with {} arguments", fcinfo.nargs);
+            let argument = *fcinfo.args.as_slice(fcinfo.nargs as usize).get(n)?;
+            (!argument.isnull).then_some(argument.value)
+        }
+    }
+
+    pub fn is_null(&self, n: usize) -> bool {
+        self.datum(n).is_none()
+    }
+
+    /// Argument `n` converted by pgrx (numbers, booleans, intervals, uuids, arrays of them).
+    pub fn get<T: FromDatum>(&self, n: usize) -> Option<T> {
+        // SAFETY: the datum is of the argument's declared SQL type, which the caller names by T.
+        self.datum(n).and_then(|datum| unsafe { T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid) })
+    }
+
+    /// Text argument `n`, as UTF-8.
+    pub fn text(&self, n: usize) -> Option<String> {
+        // SAFETY: the argument is declared text (or varchar).
+        self.datum(n).map(|datum| unsafe { text::from_datum(datum) })
+    }
+
+    /// Text argument `n`'s bytes in the database's encoding (for limits and for passing on).
+    pub fn text_bytes(&self, n: usize) -> Option<&[u8]> {
+        // SAFETY: the argument is declared text (or varchar); the bytes live as long as the call.
+        self.datum(n).map(|datum| unsafe { text::datum_bytes(datum) })
+    }
+
+    pub fn interval(&self, n: usize) -> Option<Interval> {
+        self.get::<Interval>(n)
+    }
+
+    /// A `text[]` argument as UTF-8 strings (an element `None` when NULL), with its number of
+    /// dimensions.
+    pub fn text_array(&self, n: usize) -> Option<(Vec<Option<String>>, i32)> {
+        let datum = self.datum(n)?;
+        // SAFETY: the argument is declared text[]; deconstruct_array gives palloc'd arrays of
+        // the elements' datums and null flags, valid for the call.
+        unsafe {
+            let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+            let dimensions = (*array).ndim;
+            let (mut elements, mut nulls, mut count) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
+            pg_sys::deconstruct_array(array, pg_sys::TEXTOID, -1, false, pg_sys::TYPALIGN_INT as std::ffi::c_char,
+                                      &mut elements, &mut nulls, &mut count);
+            let values = (0..count as usize)
+                .map(|i| (!*nulls.add(i)).then(|| text::from_datum(*elements.add(i))))
+                .collect();
+            Some((values, dimensions))
+        }
+    }
+
+    /// The number of dimensions of array argument `n` and whether it holds a NULL.
+    pub fn array_shape(&self, n: usize) -> Option<(i32, bool)> {
+        let datum = self.datum(n)?;
+        // SAFETY: the argument is declared as an array type.
+        unsafe {
+            let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+            Some(((*array).ndim, pg_sys::array_contains_nulls(array)))
+        }
+    }
+}
+
+/// `value`, or a NULL-argument error naming `function` and `argument`.
+pub fn required<T>(value: Option<T>, function: &'static str, argument: &'static str) -> T {
+    value.unwrap_or_else(|| raise(OutboxError::null(function, argument)))
+}
+
+/// A NULL result.
+pub fn null_result(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: fcinfo is the call's valid information.
+    unsafe { (*fcinfo).isnull = true };
+    pg_sys::Datum::from(0)
+}
+
+/// The rows a set-returning function returns, kept in a tuplestore PostgreSQL reads after the
+/// function has returned (materialize mode).
+pub struct SetResult {
+    store: *mut pg_sys::Tuplestorestate,
+}
+
+impl SetResult {
+    /// Starts the result of a function declared `RETURNS SETOF <composite>`.
+    pub fn begin(args: &Args) -> SetResult {
+        // SAFETY: the function is set-returning, so fcinfo carries a ReturnSetInfo;
+        // InitMaterializedSRF sets up its tuplestore in the query's memory context.
+        unsafe {
+            pg_sys::InitMaterializedSRF(args.fcinfo(), 0);
+            let info = (*args.fcinfo()).resultinfo as *mut pg_sys::ReturnSetInfo;
+            SetResult { store: (*info).setResult }
+        }
+    }
+
+    /// Appends a whole-row datum of the result's type (the tuplestore copies it).
+    pub fn push_row(&mut self, row: pg_sys::Datum) {
+        // SAFETY: `row` is a composite datum; inside an SPI result it may be stored with a
+        // short header, so it is expanded first.
+        unsafe {
+            let header = pg_sys::pg_detoast_datum(row.cast_mut_ptr()) as pg_sys::HeapTupleHeader;
+            let mut tuple = pg_sys::HeapTupleData {
+                t_len: pgrx::varlena::varsize_any(header as *const pg_sys::varlena) as u32,
+                t_data: header,
+                ..Default::default()
+            };
+            pg_sys::tuplestore_puttuple(self.store, &mut tuple);
+        }
+    }
+
+    /// What a set-returning function in materialize mode returns.
+    pub fn finish(self) -> pg_sys::Datum {
+        pg_sys::Datum::from(0)
+    }
+}

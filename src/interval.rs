@@ -1,0 +1,66 @@
+//! Intervals as arguments: compared with zero the way PostgreSQL compares them, turned into
+//! durations, and shown as PostgreSQL shows them (in error messages).
+
+use pgrx::datum::Interval;
+use pgrx::pg_sys;
+use std::cmp::Ordering;
+use std::ffi::CStr;
+use std::time::Duration;
+
+/// Microseconds in the interval, a month counting 30 days (as `interval < interval '0'` does).
+fn total_micros(value: &Interval) -> i128 {
+    let days = i128::from(value.months()) * 30 + i128::from(value.days());
+    days * 86_400_000_000 + i128::from(value.micros())
+}
+
+/// `value` compared with zero.
+pub fn sign(value: &Interval) -> Ordering {
+    total_micros(value).cmp(&0)
+}
+
+/// The interval as a duration; `None` when it is negative.
+pub fn to_duration(value: &Interval) -> Option<Duration> {
+    let micros = total_micros(value);
+    (micros >= 0).then(|| Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX)))
+}
+
+/// A duration as an interval (microseconds; saturating).
+pub fn from_duration(value: Duration) -> Interval {
+    Interval::from_micros(i64::try_from(value.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// An interval datum as PostgreSQL shows it.
+pub fn shown(datum: pg_sys::Datum) -> String {
+    // SAFETY: `datum` is an interval; interval_out returns a palloc'd C string.
+    unsafe {
+        let text = pgrx::direct_function_call::<pg_sys::Datum>(pg_sys::interval_out, &[Some(datum)])
+            .expect("interval_out returns text");
+        CStr::from_ptr(text.cast_mut_ptr()).to_string_lossy().into_owned()
+    }
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+    use std::cmp::Ordering::*;
+
+    #[test]
+    fn compares_with_zero_like_postgres() {
+        // (Mixed signs, such as '1 mon -31 days', are checked against PostgreSQL in
+        // tests/integration/test_bad_input.py: pgrx cannot build them.)
+        let sign_of = |months, days, micros| sign(&Interval::new(months, days, micros).unwrap());
+        assert_eq!(sign_of(0, 0, 0), Equal);
+        assert_eq!(sign_of(0, 0, -1), Less);
+        assert_eq!(sign_of(0, 0, 1), Greater);
+        assert_eq!(sign_of(0, -1, 0), Less);
+        assert_eq!(sign_of(-1, 0, 0), Less);
+        assert_eq!(sign_of(1, 0, 0), Greater);
+    }
+
+    #[test]
+    fn converts_to_durations() {
+        assert_eq!(to_duration(&Interval::new(0, 1, 500_000).unwrap()), Some(Duration::from_micros(86_400_500_000)));
+        assert_eq!(to_duration(&Interval::new(0, 0, -1).unwrap()), None);
+        assert_eq!(from_duration(Duration::from_millis(1500)), Interval::from_micros(1_500_000));
+    }
+}

@@ -1,0 +1,172 @@
+//! The one way the extension runs SQL: statements from the `.sql` files beside each module,
+//! planned once per session (and per schema the extension lives in) and kept.
+//!
+//! Every statement names every schema, function and operator in full (`@extschema@.outbox`,
+//! `OPERATOR(pg_catalog.=)`), so whatever is on the caller's search_path cannot stand in for
+//! them, even when PostgreSQL plans a kept statement again under that search_path.
+//!
+//! Use: `let mut spi = Spi::connect(); let rows = spi.execute(&STATEMENT, schema, &args);`
+//! read `rows`, then `spi.finish()`. On an ERROR, PostgreSQL's (sub)transaction abort
+//! disconnects SPI itself.
+
+use crate::error::{raise, OutboxError};
+use pgrx::datum::FromDatum;
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+
+/// A statement of the extension: its text (with `@extschema@` for the extension's schema) and
+/// the types of its parameters `$1, $2, …`.
+pub struct Statement {
+    pub sql: &'static str,
+    pub parameter_types: &'static [pg_sys::BuiltinOid],
+}
+
+impl Statement {
+    pub const fn new(sql: &'static str, parameter_types: &'static [pg_sys::BuiltinOid]) -> Self {
+        Statement { sql, parameter_types }
+    }
+}
+
+thread_local! {
+    // A backend runs one thread that calls into PostgreSQL: this is per session. Keyed by the
+    // statement's address and the schema's oid.
+    static KEPT_PLANS: RefCell<HashMap<(usize, pg_sys::Oid), KeptPlan>> = RefCell::new(HashMap::new());
+}
+
+/// A plan PostgreSQL keeps for the rest of the session (`SPI_keepplan`), re-planning it by
+/// itself when what it names changes.
+#[derive(Clone, Copy)]
+struct KeptPlan(pg_sys::SPIPlanPtr);
+
+impl KeptPlan {
+    fn for_statement(statement: &'static Statement, schema: pg_sys::Oid) -> KeptPlan {
+        let key = (statement as *const Statement as usize, schema);
+        if let Some(kept) = KEPT_PLANS.with_borrow(|plans| plans.get(&key).copied()) {
+            return kept;
+        }
+        let kept = KeptPlan::prepare(statement, schema);
+        KEPT_PLANS.with_borrow_mut(|plans| plans.insert(key, kept));
+        kept
+    }
+
+    fn prepare(statement: &Statement, schema: pg_sys::Oid) -> KeptPlan {
+        let sql = statement.sql.replace("@extschema@", &quoted_schema_name(schema));
+        let sql = CString::new(sql).expect("no NUL in the extension's statements");
+        let mut types: Vec<pg_sys::Oid> = statement.parameter_types.iter().map(|t| t.value()).collect();
+        // SAFETY: called while connected to SPI (from Spi::execute); the query and the types
+        // array outlive the call, which copies what it keeps.
+        unsafe {
+            // Always the generic plan: PostgreSQL would otherwise plan every call afresh
+            // whenever a plan for the actual values looks cheaper (LIMIT 1 does), which is the
+            // cost kept plans avoid. Each statement has one sensible plan.
+            let options = pg_sys::CURSOR_OPT_GENERIC_PLAN as i32;
+            let plan = pg_sys::SPI_prepare_cursor(sql.as_ptr(), types.len() as i32, types.as_mut_ptr(), options);
+            if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
+                let code = pg_sys::SPI_result;
+                raise(OutboxError::Internal(format!("preparing a statement failed (SPI result {code})")));
+            }
+            KeptPlan(plan)
+        }
+    }
+}
+
+fn quoted_schema_name(schema: pg_sys::Oid) -> String {
+    // SAFETY: get_namespace_name returns a palloc'd name or NULL for an unknown oid;
+    // quote_identifier returns its argument or a palloc'd quoted copy.
+    unsafe {
+        let name = pg_sys::get_namespace_name(schema);
+        if name.is_null() {
+            raise(OutboxError::Internal(format!("schema {} does not exist", schema.to_u32())));
+        }
+        CStr::from_ptr(pg_sys::quote_identifier(name)).to_string_lossy().into_owned()
+    }
+}
+
+/// The schema of the function being called: the extension's.
+pub fn schema_of_function(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
+    // SAFETY: fcinfo and its flinfo are valid for the call.
+    unsafe { pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid) }
+}
+
+/// A connection to SPI: `finish` it before returning.
+pub struct Spi {
+    _connected: (),
+}
+
+impl Spi {
+    pub fn connect() -> Spi {
+        // SAFETY: SPI_connect may be called in any function running in a transaction.
+        if unsafe { pg_sys::SPI_connect() } != pg_sys::SPI_OK_CONNECT as i32 {
+            raise(OutboxError::Internal("SPI_connect failed".into()));
+        }
+        Spi { _connected: () }
+    }
+
+    /// Runs `statement` (in the extension's `schema`) with `arguments` (`None`: NULL); the
+    /// returned rows are those it returned (or how many it changed, for `len`).
+    pub fn execute(&mut self, statement: &'static Statement, schema: pg_sys::Oid, arguments: &[Option<pg_sys::Datum>]) -> Rows<'_> {
+        assert_eq!(arguments.len(), statement.parameter_types.len(), "arguments for {}", statement.sql);
+        let plan = KeptPlan::for_statement(statement, schema);
+        let values: Vec<pg_sys::Datum> = arguments.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
+        let nulls: Vec<std::ffi::c_char> =
+            arguments.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+        // SAFETY: connected; the plan is kept; values and nulls match the plan's parameters.
+        unsafe {
+            let result = pg_sys::SPI_execute_plan(plan.0, values.as_ptr() as *mut _, nulls.as_ptr(), false, 0);
+            if result < 0 {
+                raise(OutboxError::Internal(format!("SPI_execute_plan failed with {result}")));
+            }
+            Rows { count: pg_sys::SPI_processed as usize, _spi: self }
+        }
+    }
+
+    pub fn finish(self) {
+        // SAFETY: we are connected (Spi exists only between connect and finish).
+        unsafe { pg_sys::SPI_finish() };
+    }
+}
+
+/// The result of the last statement; valid until the next one (it borrows the connection).
+pub struct Rows<'a> {
+    count: usize,
+    _spi: &'a mut Spi,
+}
+
+impl Rows<'_> {
+    /// Rows returned, or changed by a statement without RETURNING.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Column `column` (from 1) of row `row`, `None` when NULL.
+    pub fn datum(&self, row: usize, column: i32) -> Option<pg_sys::Datum> {
+        assert!(row < self.count, "row {row} of {}", self.count);
+        // SAFETY: SPI_tuptable holds the last statement's `count` rows (we borrow the
+        // connection, so no statement ran since).
+        unsafe {
+            let table = pg_sys::SPI_tuptable;
+            let mut is_null = false;
+            let value = pg_sys::SPI_getbinval(*(*table).vals.add(row), (*table).tupdesc, column, &mut is_null);
+            (!is_null).then_some(value)
+        }
+    }
+
+    /// A column converted by pgrx (numbers, booleans, uuids, timestamps, arrays of them).
+    pub fn get<T: FromDatum>(&self, row: usize, column: i32) -> Option<T> {
+        // SAFETY: the caller names the column's SQL type by T.
+        self.datum(row, column).and_then(|datum| unsafe { T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid) })
+    }
+
+    /// A column copied into the memory context that was current before SPI_connect, so it
+    /// outlives `finish` (a function's result).
+    pub fn datum_for_caller(&self, row: usize, column: i32) -> Option<pg_sys::Datum> {
+        // SAFETY: SPI_datumTransfer copies a (possibly composite) datum to the upper context.
+        self.datum(row, column).map(|datum| unsafe { pg_sys::SPI_datumTransfer(datum, false, -1) })
+    }
+}
