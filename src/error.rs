@@ -28,6 +28,9 @@ pub enum OutboxError {
     /// A string longer than its column allows.
     #[error("{function}: {argument} {problem}")]
     TooLong { function: Name, argument: Name, problem: String },
+    /// The library was updated but this database's extension was not (yet).
+    #[error("outbox_ext: this database has outbox_ext {installed} but the server runs its library {library}: run ALTER EXTENSION outbox_ext UPDATE")]
+    WrongVersion { installed: String, library: String },
     /// A fault of the extension or of the server under it, not of the caller.
     #[error("outbox_ext: {0}")]
     Internal(String),
@@ -76,6 +79,7 @@ impl OutboxError {
             }
             OutboxError::InvalidArgument { .. } => (PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "22023"),
             OutboxError::TooLong { .. } => (PgSqlErrorCode::ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "22001"),
+            OutboxError::WrongVersion { .. } => (PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "55000"),
             OutboxError::Internal(_) => (PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "XX000"),
         }
     }
@@ -122,6 +126,7 @@ mod unit_tests {
             OutboxError::null_element("f", "a"),
             OutboxError::invalid("f", "a", "x"),
             OutboxError::too_long("f", "a", "x"),
+            OutboxError::WrongVersion { installed: "0.3.0".into(), library: "0.4.0".into() },
             OutboxError::Internal("x".into()),
         ]
     }
@@ -129,7 +134,7 @@ mod unit_tests {
     #[test]
     fn each_kind_has_its_sqlstate() {
         let codes: Vec<&str> = every_kind().iter().map(|e| e.sqlstate().1).collect();
-        assert_eq!(codes, ["22004", "22004", "22023", "22001", "XX000"]);
+        assert_eq!(codes, ["22004", "22004", "22023", "22001", "55000", "XX000"]);
     }
 
     /// docs/api.md's table of errors names exactly the SQLSTATEs raised here.

@@ -52,7 +52,11 @@ impl KeptPlan {
     }
 
     fn prepare(statement: &Statement, schema: pg_sys::Oid) -> KeptPlan {
-        let sql = statement.sql.replace("@extschema@", &quoted_schema_name(schema));
+        let sql = if statement.sql.contains("@extschema@") {
+            statement.sql.replace("@extschema@", &quoted_schema_name(schema))
+        } else {
+            statement.sql.to_string()
+        };
         let sql = CString::new(sql).expect("no NUL in the extension's statements");
         let mut types: Vec<pg_sys::Oid> = statement.parameter_types.iter().map(|t| t.value()).collect();
         // SAFETY: called while connected to SPI (from Spi::execute); the query and the types
@@ -84,10 +88,38 @@ fn quoted_schema_name(schema: pg_sys::Oid) -> String {
     }
 }
 
-/// The schema of the function being called: the extension's.
+/// The schema of the function being called: the extension's. Also makes sure the database's
+/// extension is the version of this library (see [`require_matching_version`]).
 pub fn schema_of_function(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
+    require_matching_version();
     // SAFETY: fcinfo and its flinfo are valid for the call.
     unsafe { pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid) }
+}
+
+static EXTENSION_VERSION: Statement = Statement::new(include_str!("extension_version.sql"), &[]);
+
+thread_local! {
+    static VERSION_MATCHES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The library's statements are written for its own version of the schema. After a new
+/// library is installed, a database still on the old version gets a clear error from the API
+/// (until `ALTER EXTENSION outbox_ext UPDATE`), never a statement run against tables it does
+/// not fit. Checked once per session when it matches, on every call while it does not.
+pub fn require_matching_version() {
+    if VERSION_MATCHES.get() {
+        return;
+    }
+    let mut spi = Spi::connect();
+    let installed: Option<String> = spi.execute(&EXTENSION_VERSION, pg_sys::InvalidOid, &[]).get_text(0, 1);
+    spi.finish();
+    let library = env!("CARGO_PKG_VERSION");
+    if installed.as_deref() == Some(library) {
+        VERSION_MATCHES.set(true);
+        return;
+    }
+    let installed = installed.unwrap_or_else(|| "none".into());
+    raise(OutboxError::WrongVersion { installed, library: library.into() });
 }
 
 /// A connection to SPI: `finish` it before returning.
@@ -161,6 +193,15 @@ impl Rows<'_> {
     pub fn get<T: FromDatum>(&self, row: usize, column: i32) -> Option<T> {
         // SAFETY: the caller names the column's SQL type by T.
         self.datum(row, column).and_then(|datum| unsafe { T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid) })
+    }
+
+    /// A text column of ASCII (names, versions) as a Rust string.
+    fn get_text(&self, row: usize, column: i32) -> Option<String> {
+        if row >= self.count {
+            return None;
+        }
+        // SAFETY: the column is text.
+        self.datum(row, column).map(|datum| unsafe { crate::text::from_datum(datum) })
     }
 
     /// A column copied into the memory context that was current before SPI_connect, so it

@@ -3,12 +3,15 @@
 DO $keep_grants$
 DECLARE
     saved pg_catalog.jsonb;
+    still_there boolean;
 BEGIN
     FOR saved IN SELECT * FROM pg_catalog.jsonb_array_elements(pg_catalog.current_setting('outbox_ext_upgrade.grants')::pg_catalog.jsonb) LOOP
-        IF CASE saved OPERATOR(pg_catalog.->>) 0
-               WHEN 'FUNCTION' THEN pg_catalog.to_regprocedure(saved OPERATOR(pg_catalog.->>) 1) IS NOT NULL
-               ELSE pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1) IS NOT NULL
-           END THEN
+        IF saved OPERATOR(pg_catalog.->>) 0 OPERATOR(pg_catalog.=) 'FUNCTION' THEN
+            still_there := pg_catalog.to_regprocedure(saved OPERATOR(pg_catalog.->>) 1) IS NOT NULL;
+        ELSE
+            still_there := pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1) IS NOT NULL;
+        END IF;
+        IF still_there THEN
             EXECUTE pg_catalog.format('GRANT %s ON %s %s TO %I%s',
                 saved OPERATOR(pg_catalog.->>) 3, saved OPERATOR(pg_catalog.->>) 0, saved OPERATOR(pg_catalog.->>) 1,
                 saved OPERATOR(pg_catalog.->>) 2,

@@ -1,8 +1,6 @@
 """Bad input is refused with a deliberate SQLSTATE and a message naming the argument, before
 anything is written; the session and the server keep serving."""
 
-import pathlib
-
 import pytest
 import psycopg
 
@@ -100,11 +98,9 @@ def test_unknown_ids_are_answers_not_errors(db):
 
 
 def test_errors_carry_no_rust_backtrace(db):
-    """The scratch cluster runs with RUST_BACKTRACE=1 in its environment, as a developer's
-    server often does (scripts/test.sh); 0.3.0 then put ~20 frames in DETAIL."""
-    pid = db.execute("SELECT pg_backend_pid()").fetchone()[0]
-    environment = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    assert b"RUST_BACKTRACE=1" in environment, "the test cluster must run with RUST_BACKTRACE=1"
+    """scripts/test.sh starts the scratch cluster with RUST_BACKTRACE=1 in its environment, as
+    a developer's server often runs; 0.3.0 then put ~20 frames in DETAIL. (PostgreSQL rewrites
+    its processes' environment area for their titles, so the test cannot check it from here.)"""
     for call, sqlstate in [
         ("outbox_enqueue('a.b', '{}', interval '178000000 years')", "22008"),  # raised by PostgreSQL inside Rust
         ("outbox_claim(0)", INVALID),                                           # raised by Rust

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from conftest import DATABASE
+from support import EVERY_STATE
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PREVIOUS = ["0.1.0", "0.2.0", "0.3.0"]
@@ -114,12 +115,16 @@ def test_update_from_a_previous_version_keeps_data_and_matches_a_fresh_install(d
 
     with fresh_database("outbox_upgrade_old") as old:
         old.execute(f"CREATE EXTENSION outbox_ext VERSION '{previous}'")
-        old.execute("SET outbox.max_attempts = 1")
-        old.execute("SELECT outbox_enqueue('booking.created', jsonb_build_object('n', n), dedupe_key => 'k' || n) FROM generate_series(1, 5) n")
-        old.execute("SELECT outbox_complete(1)")
-        old.execute("SELECT outbox_fail(id, 'HTTP 500: boom', lease_token) FROM outbox_claim(1)")  # -> DEAD
-        old.execute("SELECT * FROM outbox_claim(1)")  # leased
-        old.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', outbox_generate_secret())")
+        old.execute(EVERY_STATE)
+        old.execute("INSERT INTO outbox_subscription (topic, url, secret) VALUES "
+                    "('booking.created', 'https://hooks.example.test/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw')")
+        claim_language = old.execute("SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+                                     "WHERE p.oid = 'outbox_claim(integer, text[], interval)'::regprocedure").fetchone()[0]
+        if claim_language == "c":
+            # The old version's declarations call the new library's code: a clear error until
+            # the update, never a statement run against tables it does not fit.
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="ALTER EXTENSION outbox_ext UPDATE"):
+                old.execute("SELECT outbox_claim(1, lease => NULL)")
         # A user's grants on the extension's objects (0.3.0's upgrade from 0.2.0 lost them).
         old.execute("DROP ROLE IF EXISTS outbox_upgrade_mon")
         old.execute("CREATE ROLE outbox_upgrade_mon")
@@ -146,8 +151,7 @@ def test_update_from_a_previous_version_keeps_data_and_matches_a_fresh_install(d
         assert old.execute("SELECT secret FROM outbox_subscription").fetchone()[0] == secret
 
         # The API works on the upgraded data, old and new functions alike.
-        old.execute("RESET outbox.max_attempts")
-        assert old.execute("SELECT (outbox_enqueue('booking.created', '{}', dedupe_key => 'k2')).id").fetchone()[0] == 2
-        assert old.execute("SELECT count(*) FROM outbox_claim(10)").fetchone()[0] == 2
+        assert old.execute("SELECT id, payload FROM outbox_enqueue('booking.created', '{}', dedupe_key => 'k2')").fetchone() == (2, None)
+        assert old.execute("SELECT payload->>'state' FROM outbox_claim(10)").fetchall() == [("ready",)]
         assert old.execute("SELECT outbox_requeue_all()").fetchone()[0] == 1
-        assert old.execute("SELECT pending, dead FROM outbox_stats() WHERE topic IS NULL").fetchone() == (4, 0)
+        assert old.execute("SELECT pending, dead FROM outbox_stats() WHERE topic IS NULL").fetchone() == (5, 0)

@@ -409,11 +409,14 @@ def test_untyped_parameters_call_the_batch_complete_unambiguously(db):
     """node-postgres and tokio-postgres send parameters untyped: outbox_complete($1) with the
     batch form beside it was ambiguous. outbox_complete_batch has a name of its own."""
     ids = [db.execute("SELECT (outbox_enqueue('booking.created', '{}')).id").fetchone()[0] for _ in range(3)]
-    db.execute("PREPARE complete_them AS SELECT outbox_complete_batch($1, $2)")
     tokens = [db.execute("SELECT lease_token FROM outbox_claim(1)").fetchone()[0] for _ in ids]
-    completed = db.execute("EXECUTE complete_them(%s, %s)", ("{" + ",".join(map(str, ids)) + "}",
-                                                           "{" + ",".join(map(str, tokens)) + "}")).fetchone()[0]
-    assert completed == 3
+    # PREPARE without parameter types is what those drivers do (over the simple protocol here).
+    untyped = psycopg.ClientCursor(db)
+    with pytest.raises(psycopg.errors.AmbiguousFunction):
+        untyped.execute("PREPARE complete_one AS SELECT outbox_complete($1)")
+    untyped.execute("PREPARE complete_them AS SELECT outbox_complete_batch($1, $2)")
+    untyped.execute("EXECUTE complete_them(%s, %s)", ("{" + ",".join(map(str, ids)) + "}", "{" + ",".join(map(str, tokens)) + "}"))
+    assert untyped.fetchone()[0] == 3
     # The old name still works for a release (deprecated).
     db.execute("SELECT outbox_enqueue('booking.created', '{}')")
     assert db.execute("SELECT outbox_complete(ARRAY[4]::bigint[])").fetchone()[0] == 1

@@ -65,3 +65,16 @@ def wait_for_worker(database: str, timeout: float = 30.0):
             return [bytes(s).decode() for (s,) in states] in (["idle"], ["delivering"])
 
     return eventually(ready, timeout=timeout, what=f"the delivery worker of {database}")
+
+
+# Messages in every state a message can be in, written directly (as a superuser) so that any
+# version's table takes them: the upgrade and pg_upgrade tests check each survives.
+EVERY_STATE = """
+INSERT INTO outbox (topic, payload, status, attempts, available_at, processed_at, last_error, dedupe_key, lease_token) VALUES
+    ('booking.created', '{"state": "ready"}',        'PENDING', 0, clock_timestamp() - interval '1 second', NULL, NULL, 'k1', NULL),
+    ('booking.created', '{"state": "leased"}',       'PENDING', 1, clock_timestamp() + interval '1 hour', NULL, NULL, 'k2', gen_random_uuid()),
+    ('booking.created', '{"state": "backing off"}',  'PENDING', 2, clock_timestamp() + interval '1 hour', NULL, 'HTTP 503: busy', 'k3', NULL),
+    ('booking.created', '{"state": "done"}',         'DONE',    1, clock_timestamp(), clock_timestamp(), NULL, 'k4', NULL),
+    ('booking.created', '{"state": "dead"}',         'DEAD',    8, clock_timestamp(), clock_timestamp(), 'HTTP 500: boom', 'k5', NULL),
+    ('reminder.due',    '{"state": "delayed", "ü": "ß"}', 'PENDING', 0, clock_timestamp() + interval '1 day', NULL, NULL, NULL, NULL)
+"""
