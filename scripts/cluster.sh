@@ -7,9 +7,9 @@
 #   scripts/cluster.sh start DIR PORT   initdb (if needed) and start; prints nothing else
 #   scripts/cluster.sh stop DIR         stop (fast) if running
 #
-# The cluster preloads outbox_ext, so its delivery worker runs for the databases named in
-# OUTBOX_WORKER_DATABASES (default: none). OUTBOX_CLUSTER_CONF holds extra postgresql.conf
-# lines, which override the defaults below (the benchmark turns fsync back on).
+# The cluster preloads outbox_ext, so every database with the extension gets its delivery
+# worker (OUTBOX_WORKER_DATABASES, when set, limits them). OUTBOX_CLUSTER_CONF holds extra
+# postgresql.conf lines, which override the defaults below (the benchmark turns fsync back on).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -33,9 +33,11 @@ fsync = off
 max_connections = 100
 log_min_messages = warning
 shared_preload_libraries = 'outbox_ext'
-outbox.worker_databases = '${OUTBOX_WORKER_DATABASES:-}'
 ${OUTBOX_CLUSTER_CONF:-}
 CONF
+        if [ -n "${OUTBOX_WORKER_DATABASES:-}" ]; then
+            echo "outbox.worker_databases = '$OUTBOX_WORKER_DATABASES'" >>"$dir/data/postgresql.conf"
+        fi
     fi
     # sudo drops the environment; RUST_BACKTRACE is passed on to the server (the tests use it).
     if ! as_server_user env RUST_BACKTRACE="${RUST_BACKTRACE:-0}" \

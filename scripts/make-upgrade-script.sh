@@ -29,6 +29,8 @@ sources=(sql/helpers.sql sql/api.sql sql/subscriptions.sql sql/operations.sql sq
 body() {
     printf -- '-- ======== sql/upgrades/%s--%s.sql ========\n' "$previous" "$current"
     cat "sql/upgrades/$previous--$current.sql"
+    printf -- '\n-- ======== sql/schema.sql, what is new in %s ========\n' "$current"
+    sed -n "/^-- ======== new in $current /,\$p" sql/schema.sql
     for source in "${sources[@]}"; do
         printf -- '\n-- ======== %s ========\n' "$source"
         cat "$source"

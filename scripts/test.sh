@@ -35,7 +35,7 @@ echo "== 3/5 integration tests and isolation specs against a scratch cluster"
 port=${OUTBOX_TEST_PORT:-25329}
 # RUST_BACKTRACE=1, as a developer's environment often has it: errors must carry no backtrace
 # even then (tests/integration/test_bad_input.py).
-RUST_BACKTRACE=1 OUTBOX_WORKER_DATABASES=outbox_integration,outbox_hostile,outbox_latin1,outbox_sqlascii \
+RUST_BACKTRACE=1 \
     scripts/cluster.sh start "$scratch/cluster" "$port"
 OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" \
     PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \

@@ -19,3 +19,32 @@ AS 'MODULE_PATHNAME', 'outbox_check_topic_wrapper';
 CREATE OR REPLACE FUNCTION outbox_check_subscription(url text, secret text, headers jsonb) RETURNS void
 LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_check_subscription_wrapper';
+
+-- The default of outbox.public_id: a time-ordered UUID (version 7).
+CREATE OR REPLACE FUNCTION outbox_uuid_v7() RETURNS uuid
+LANGUAGE c VOLATILE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_uuid_v7_wrapper';
+
+-- The retry policy (src/policy.rs), as the current settings define it.
+CREATE OR REPLACE FUNCTION outbox_backoff(attempts integer) RETURNS interval
+LANGUAGE c VOLATILE STRICT PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_backoff_wrapper';
+
+COMMENT ON FUNCTION outbox_backoff(integer) IS
+'The delay before the next attempt after attempts failures, under the current settings (outbox.backoff_base, outbox.backoff_max, outbox.backoff_jitter).';
+
+CREATE OR REPLACE FUNCTION outbox_max_attempts() RETURNS integer
+LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_max_attempts_wrapper';
+
+-- A new Standard Webhooks signing secret (whsec_…), from the operating system's cryptographic
+-- random source.
+CREATE OR REPLACE FUNCTION outbox_generate_secret() RETURNS text
+LANGUAGE c VOLATILE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_generate_secret_wrapper';
+
+-- When the calling transaction commits, wake this database's delivery worker, or have the
+-- launcher start one (the end of CREATE EXTENSION, a redelivery).
+CREATE OR REPLACE FUNCTION outbox_wake_worker_at_commit() RETURNS void
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'outbox_wake_worker_at_commit_wrapper';

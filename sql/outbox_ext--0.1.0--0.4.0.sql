@@ -1251,6 +1251,81 @@ CREATE UNIQUE INDEX outbox_dedupe_key_idx ON outbox (topic, dedupe_key) WHERE de
 -- The dead-letter rule's text moved into src/policy.rs.
 DROP FUNCTION outbox_exhausted_error(integer, integer, uuid, text);
 
+-- outbox_stats() gains the deliveries' numbers: a new result type, so it and the view over it
+-- are made again (sql/operations.sql); the users' grants on them are kept.
+DROP VIEW outbox_monitoring;
+DROP FUNCTION outbox_stats();
+
+-- ======== sql/schema.sql, what is new in 0.4.0 ========
+-- ======== new in 0.4.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
+
+-- Deliveries: one message to one endpoint (subscription). The delivery worker makes them when
+-- it first picks a message up, one for each enabled subscription of its topic, and each then
+-- lives the message's life on its own: attempts, backoff, a lease while a request is in flight,
+-- DONE or DEAD. An endpoint that took a message never gets it again because another failed.
+-- The message stays PENDING (its available_at 'infinity', so no claim walks over it) until
+-- all its deliveries have ended; then it is DONE, or DEAD if any of them is.
+CREATE TABLE outbox_delivery (
+    message_id      bigint        NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+    subscription_id bigint        NOT NULL REFERENCES outbox_subscription (id) ON DELETE CASCADE,
+    status          outbox_status NOT NULL DEFAULT 'PENDING',
+    -- Requests made so far: each claim by the worker is one (a crash mid-request counts).
+    attempts        integer       NOT NULL DEFAULT 0,
+    -- When it is due: now, the backoff deadline after a failure, or the lease's end while a
+    -- request is in flight.
+    available_at    timestamptz   NOT NULL DEFAULT clock_timestamp(),
+    -- A request is in flight (or was, when the worker stopped: a new worker releases it).
+    leased          boolean       NOT NULL DEFAULT false,
+    last_error      text,
+    created_at      timestamptz   NOT NULL DEFAULT now(),
+    -- When it became DONE or DEAD.
+    processed_at    timestamptz,
+    PRIMARY KEY (message_id, subscription_id)
+);
+COMMENT ON TABLE outbox_delivery IS 'One message to one endpoint: its own attempts, backoff, lease and outcome.';
+
+-- The worker claims each endpoint's due deliveries here, oldest first.
+CREATE INDEX outbox_delivery_ready_idx ON outbox_delivery (subscription_id, available_at, message_id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status;
+-- Ended deliveries by status and time: dead ones per endpoint, the purge of old history.
+CREATE INDEX outbox_delivery_ended_idx ON outbox_delivery (status, processed_at)
+    WHERE status OPERATOR(pg_catalog.<>) 'PENDING'::outbox_status;
+-- Unsubscribing (ON DELETE CASCADE) finds an endpoint's deliveries here.
+CREATE INDEX outbox_delivery_subscription_idx ON outbox_delivery (subscription_id);
+SELECT pg_catalog.pg_extension_config_dump('outbox_delivery', '');
+
+-- The attempt log: one row per HTTP request the worker made, with what came back. Kept for
+-- outbox.retention, purged with the DONE messages.
+CREATE TABLE outbox_delivery_attempt (
+    message_id      bigint      NOT NULL,
+    subscription_id bigint      NOT NULL,
+    attempt         integer     NOT NULL,
+    started_at      timestamptz NOT NULL,
+    duration        interval    NOT NULL,
+    -- NULL when no answer came (refused, timed out, cut off).
+    http_status     integer,
+    error           text
+);
+COMMENT ON TABLE outbox_delivery_attempt IS 'Every HTTP request of the delivery worker: when, how long, what came back.';
+CREATE INDEX outbox_delivery_attempt_delivery_idx ON outbox_delivery_attempt (message_id, subscription_id);
+-- Appended in time order: a BRIN index finds the old part for the purge at almost no cost.
+CREATE INDEX outbox_delivery_attempt_started_idx ON outbox_delivery_attempt USING brin (started_at);
+SELECT pg_catalog.pg_extension_config_dump('outbox_delivery_attempt', '');
+
+CREATE VIEW outbox_deliveries AS
+SELECT d.message_id, d.subscription_id, m.public_id, m.topic, s.url, d.status, d.attempts,
+       d.available_at, d.leased AS in_flight, d.last_error,
+       CASE WHEN d.status OPERATOR(pg_catalog.=) 'DONE'::outbox_status THEN d.processed_at END AS delivered_at,
+       d.processed_at, d.created_at
+  FROM outbox_delivery d
+  JOIN outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
+  JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) d.subscription_id;
+
+CREATE VIEW outbox_delivery_attempts AS
+SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.duration, a.http_status, a.error
+  FROM outbox_delivery_attempt a
+  LEFT JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) a.subscription_id;
+
 -- ======== sql/helpers.sql ========
 -- Checks written in Rust (src/topic.rs, src/subscriptions.rs) that the schema and the SQL
 -- functions use. C functions, so that they read text in any database encoding. Not for
@@ -1273,6 +1348,35 @@ AS 'MODULE_PATHNAME', 'outbox_check_topic_wrapper';
 CREATE OR REPLACE FUNCTION outbox_check_subscription(url text, secret text, headers jsonb) RETURNS void
 LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_check_subscription_wrapper';
+
+-- The default of outbox.public_id: a time-ordered UUID (version 7).
+CREATE OR REPLACE FUNCTION outbox_uuid_v7() RETURNS uuid
+LANGUAGE c VOLATILE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_uuid_v7_wrapper';
+
+-- The retry policy (src/policy.rs), as the current settings define it.
+CREATE OR REPLACE FUNCTION outbox_backoff(attempts integer) RETURNS interval
+LANGUAGE c VOLATILE STRICT PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_backoff_wrapper';
+
+COMMENT ON FUNCTION outbox_backoff(integer) IS
+'The delay before the next attempt after attempts failures, under the current settings (outbox.backoff_base, outbox.backoff_max, outbox.backoff_jitter).';
+
+CREATE OR REPLACE FUNCTION outbox_max_attempts() RETURNS integer
+LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_max_attempts_wrapper';
+
+-- A new Standard Webhooks signing secret (whsec_…), from the operating system's cryptographic
+-- random source.
+CREATE OR REPLACE FUNCTION outbox_generate_secret() RETURNS text
+LANGUAGE c VOLATILE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_generate_secret_wrapper';
+
+-- When the calling transaction commits, wake this database's delivery worker, or have the
+-- launcher start one (the end of CREATE EXTENSION, a redelivery).
+CREATE OR REPLACE FUNCTION outbox_wake_worker_at_commit() RETURNS void
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'outbox_wake_worker_at_commit_wrapper';
 
 -- ======== sql/api.sql ========
 -- The SQL API of a message's life: enqueue, claim, complete, fail. Every function runs inside
@@ -1456,17 +1560,21 @@ $$;
 
 -- The four numbers (and a few more), per topic and in total (the row whose topic is NULL).
 -- Reads pending rows through outbox_ready_idx and finished ones through outbox_processed_idx,
--- so it stays cheap with millions of DONE rows.
+-- so it stays cheap with millions of DONE rows. For topics the delivery worker delivers, the
+-- deliveries say more: how many are dead (an endpoint gave up on) and the age of the oldest
+-- message not yet delivered everywhere (outbox_endpoint_stats() has them per endpoint).
 CREATE OR REPLACE FUNCTION outbox_stats() RETURNS TABLE (
-    topic                 text,
-    pending               bigint,    -- PENDING messages: the depth
-    ready                 bigint,    -- ... of which claimable now
-    in_flight             bigint,    -- ... of which held by a consumer under a live lease
-    retrying              bigint,    -- ... of which failed before and wait for a retry
-    dead                  bigint,    -- DEAD messages: somebody should look
-    oldest_ready_age      interval,  -- how long the oldest ready message has been waiting
-    oldest_pending_age    interval,  -- age of the oldest PENDING message
-    completed_last_minute bigint     -- DONE in the last minute: the drain rate
+    topic                       text,
+    pending                     bigint,    -- PENDING messages: the depth
+    ready                       bigint,    -- ... of which claimable now
+    in_flight                   bigint,    -- ... of which held by a consumer under a live lease
+    retrying                    bigint,    -- ... of which failed before and wait for a retry
+    dead                        bigint,    -- DEAD messages: somebody should look
+    oldest_ready_age            interval,  -- how long the oldest ready message has been waiting
+    oldest_pending_age          interval,  -- age of the oldest PENDING message
+    completed_last_minute       bigint,    -- DONE in the last minute: the drain rate
+    dead_deliveries             bigint,    -- deliveries an endpoint gave up on
+    oldest_pending_delivery_age interval   -- age of the oldest message an endpoint has yet to take
 )
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1478,39 +1586,92 @@ BEGIN
     WITH live AS (
         SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at
           FROM @extschema@.outbox o
-         WHERE o.status = 'PENDING'
+         WHERE o.status = 'PENDING'::@extschema@.outbox_status
         UNION ALL
         SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at
           FROM @extschema@.outbox o
-         WHERE o.status = 'DEAD'
+         WHERE o.status = 'DEAD'::@extschema@.outbox_status
         UNION ALL
         SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at
           FROM @extschema@.outbox o
-         WHERE o.status = 'DONE' AND o.processed_at > clock_now - interval '1 minute'
+         WHERE o.status = 'DONE'::@extschema@.outbox_status AND o.processed_at > clock_now - interval '1 minute'
+    ), messages AS (
+        SELECT l.topic::text AS topic, GROUPING(l.topic) AS total,
+               count(*) FILTER (WHERE l.status = 'PENDING') AS pending,
+               count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now) AS ready,
+               count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at > clock_now AND l.lease_token IS NOT NULL) AS in_flight,
+               count(*) FILTER (WHERE l.status = 'PENDING' AND l.attempts > 0 AND l.lease_token IS NULL
+                                  AND l.available_at <> 'infinity') AS retrying,
+               count(*) FILTER (WHERE l.status = 'DEAD') AS dead,
+               clock_now - min(l.available_at) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now) AS oldest_ready_age,
+               clock_now - min(l.created_at) FILTER (WHERE l.status = 'PENDING') AS oldest_pending_age,
+               count(*) FILTER (WHERE l.status = 'DONE') AS completed_last_minute
+          FROM live l
+         GROUP BY GROUPING SETS ((l.topic), ())
+    ), deliveries AS (
+        SELECT m.topic::text AS topic, GROUPING(m.topic) AS total,
+               count(*) FILTER (WHERE d.status = 'DEAD') AS dead,
+               clock_now - min(m.created_at) FILTER (WHERE d.status = 'PENDING') AS oldest_pending_age
+          FROM @extschema@.outbox_delivery d
+          JOIN @extschema@.outbox m ON m.id = d.message_id
+         WHERE d.status <> 'DONE'::@extschema@.outbox_status
+         GROUP BY GROUPING SETS ((m.topic), ())
     )
-    SELECT l.topic::text,
-           count(*) FILTER (WHERE l.status = 'PENDING'),
-           count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now),
-           count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at > clock_now AND l.lease_token IS NOT NULL),
-           count(*) FILTER (WHERE l.status = 'PENDING' AND l.attempts > 0 AND l.lease_token IS NULL),
-           count(*) FILTER (WHERE l.status = 'DEAD'),
-           clock_now - min(l.available_at) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now),
-           clock_now - min(l.created_at) FILTER (WHERE l.status = 'PENDING'),
-           count(*) FILTER (WHERE l.status = 'DONE')
-      FROM live l
-     GROUP BY GROUPING SETS ((l.topic), ())
-     ORDER BY l.topic NULLS FIRST;
+    SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
+           ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age
+      FROM messages ms
+      LEFT JOIN deliveries ds ON ds.total = ms.total AND ds.topic IS NOT DISTINCT FROM ms.topic
+     ORDER BY ms.topic NULLS FIRST;
 END
 $$;
 
 COMMENT ON FUNCTION outbox_stats() IS
-'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, and the last minute''s completions, per topic and in total (topic NULL).';
+'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, per topic and in total (topic NULL).';
 
 -- For monitoring roles and exporters: SELECT * FROM outbox_monitoring.
 CREATE OR REPLACE VIEW outbox_monitoring AS SELECT * FROM outbox_stats();
 
+-- The same numbers per endpoint, for the topics the delivery worker delivers.
+CREATE OR REPLACE FUNCTION outbox_endpoint_stats() RETURNS TABLE (
+    subscription_id       bigint,
+    topic                 text,
+    url                   text,
+    enabled               boolean,
+    pending               bigint,    -- deliveries not yet ended
+    ready                 bigint,    -- ... of which due now
+    in_flight             bigint,    -- ... of which a request is in flight
+    retrying              bigint,    -- ... of which failed before and wait for a retry
+    dead                  bigint,    -- deliveries this endpoint gave up on
+    oldest_pending_age    interval,  -- age of the oldest message this endpoint has yet to take
+    delivered_last_minute bigint     -- deliveries DONE in the last minute
+)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT s.id, s.topic::text, s.url, s.enabled,
+           count(d.message_id) FILTER (WHERE d.status = 'PENDING'),
+           count(d.message_id) FILTER (WHERE d.status = 'PENDING' AND d.available_at <= clock_timestamp()),
+           count(d.message_id) FILTER (WHERE d.status = 'PENDING' AND d.leased),
+           count(d.message_id) FILTER (WHERE d.status = 'PENDING' AND NOT d.leased AND d.attempts > 0),
+           count(d.message_id) FILTER (WHERE d.status = 'DEAD'),
+           clock_timestamp() - min(m.created_at) FILTER (WHERE d.status = 'PENDING'),
+           count(d.message_id) FILTER (WHERE d.status = 'DONE')
+      FROM @extschema@.outbox_subscription s
+      LEFT JOIN @extschema@.outbox_delivery d
+        ON d.subscription_id = s.id
+       AND (d.status <> 'DONE'::@extschema@.outbox_status OR d.processed_at > clock_timestamp() - interval '1 minute')
+      LEFT JOIN @extschema@.outbox m ON m.id = d.message_id
+     GROUP BY s.id
+     ORDER BY s.id
+$$;
+
+COMMENT ON FUNCTION outbox_endpoint_stats() IS
+'Per endpoint (subscription): deliveries pending, ready, in flight, retrying and dead, the age of the oldest message it has yet to take, and the last minute''s deliveries.';
+
 -- requeue: give dead messages a new life (attempts from 0, ready now). last_error is kept
--- until the next failure, as a record of why it died.
+-- until the next failure, as a record of why it died. A message the delivery worker sent to
+-- several endpoints gets only its dead deliveries back: endpoints that took it do not get it
+-- again.
 CREATE OR REPLACE FUNCTION outbox_requeue_dead(ids bigint[], topic text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1519,13 +1680,30 @@ AS $$
 DECLARE
     requeued integer;
 BEGIN
-    UPDATE @extschema@.outbox o
-       SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(),
-           processed_at = NULL, lease_token = NULL
-     WHERE o.status = 'DEAD'
-       AND (outbox_requeue_dead.ids IS NULL OR o.id = ANY (outbox_requeue_dead.ids))
-       AND (outbox_requeue_dead.topic IS NULL OR o.topic = outbox_requeue_dead.topic);
-    GET DIAGNOSTICS requeued = ROW_COUNT;
+    WITH dead AS (
+        SELECT o.id
+          FROM @extschema@.outbox o
+         WHERE o.status = 'DEAD'::@extschema@.outbox_status
+           AND (outbox_requeue_dead.ids IS NULL OR o.id = ANY (outbox_requeue_dead.ids))
+           AND (outbox_requeue_dead.topic IS NULL OR o.topic = outbox_requeue_dead.topic)
+           FOR UPDATE
+    ), deliveries AS (
+        UPDATE @extschema@.outbox_delivery d
+           SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(), processed_at = NULL, leased = false
+          FROM dead
+         WHERE d.message_id = dead.id
+           AND d.status = 'DEAD'::@extschema@.outbox_status
+    ), messages AS (
+        UPDATE @extschema@.outbox o
+           SET status = 'PENDING', attempts = 0, processed_at = NULL, lease_token = NULL,
+               -- with deliveries, the message waits for them again
+               available_at = CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id = o.id)
+                                   THEN 'infinity' ELSE clock_timestamp() END
+          FROM dead
+         WHERE o.id = dead.id
+        RETURNING o.id
+    )
+    SELECT count(*) INTO requeued FROM messages;
     IF requeued > 0 THEN
         PERFORM @extschema@.outbox_wake_worker_at_commit();
     END IF;
@@ -1659,12 +1837,100 @@ BEGIN
         GET DIAGNOSTICS deleted = ROW_COUNT;
         purged := purged + deleted;
     END LOOP;
+    -- The attempt log of the same age (its deliveries went with their messages).
+    IF purged < max_rows THEN
+        DELETE FROM @extschema@.outbox_delivery_attempt a
+         WHERE a.ctid = ANY (ARRAY(
+                   SELECT l.ctid FROM @extschema@.outbox_delivery_attempt l
+                    WHERE l.started_at < cutoff
+                    LIMIT max_rows - purged));
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        purged := purged + deleted;
+    END IF;
     RETURN purged;
 END
 $$;
 
 COMMENT ON FUNCTION outbox_purge(interval, boolean, integer) IS
-'Deletes up to max_rows DONE messages (and DEAD ones with include_dead) processed longer than older_than ago, oldest first; returns how many. Call again until it returns less than max_rows.';
+'Deletes up to max_rows DONE messages (and DEAD ones with include_dead) processed longer than older_than ago, oldest first, with their deliveries, and attempt-log rows as old; returns how many rows it deleted. Call again until it returns less than max_rows.';
+
+-- redeliver: send messages of an endpoint's topic to that endpoint again, whatever their
+-- delivery's state: DONE (replay to a receiver that lost data), DEAD (retry after a fix) or
+-- none (catch a new endpoint up). Those in message_ids, else those created at or after since,
+-- else every one still in the table; messages not yet picked up by the worker are left alone
+-- (they get this endpoint's delivery when they are). Fresh attempts, the same webhook-id.
+CREATE OR REPLACE FUNCTION outbox_redeliver(
+    subscription_id bigint,
+    since           timestamptz DEFAULT NULL,
+    message_ids     bigint[]    DEFAULT NULL
+) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    endpoint_topic text;
+    scheduled      integer;
+BEGIN
+    IF outbox_redeliver.subscription_id IS NULL THEN
+        RAISE EXCEPTION 'outbox_redeliver: subscription_id must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT s.topic INTO endpoint_topic
+      FROM @extschema@.outbox_subscription s
+     WHERE s.id = outbox_redeliver.subscription_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'outbox_redeliver: subscription_id % does not exist', outbox_redeliver.subscription_id
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'SELECT id, topic, url FROM outbox_subscriptions lists them.';
+    END IF;
+
+    WITH chosen AS (
+        SELECT o.id
+          FROM @extschema@.outbox o
+         WHERE o.topic = endpoint_topic
+           AND (outbox_redeliver.message_ids IS NULL OR o.id = ANY (outbox_redeliver.message_ids))
+           AND (outbox_redeliver.message_ids IS NOT NULL OR outbox_redeliver.since IS NULL
+                OR o.created_at >= outbox_redeliver.since)
+           AND NOT (o.status = 'PENDING'::@extschema@.outbox_status AND o.available_at <> 'infinity')
+         ORDER BY o.id
+           FOR UPDATE
+    ), deliveries AS (
+        INSERT INTO @extschema@.outbox_delivery AS d (message_id, subscription_id)
+        SELECT c.id, outbox_redeliver.subscription_id FROM chosen c
+        ON CONFLICT (message_id, subscription_id) DO UPDATE
+           SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(), processed_at = NULL, leased = false
+        RETURNING d.message_id
+    ), reopened AS (
+        UPDATE @extschema@.outbox o
+           SET status = 'PENDING', processed_at = NULL, lease_token = NULL, available_at = 'infinity'
+          FROM deliveries d
+         WHERE o.id = d.message_id
+    )
+    SELECT count(*) INTO scheduled FROM deliveries;
+    IF scheduled > 0 THEN
+        PERFORM @extschema@.outbox_wake_worker_at_commit();
+    END IF;
+    RETURN scheduled;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_redeliver(bigint, timestamptz, bigint[]) IS
+'Schedules messages of the subscription''s topic for that endpoint again, whatever their delivery''s state: those in message_ids, else those created at or after since, else all still in the table (messages not yet picked up by the worker are left alone). Fresh attempts, the same webhook-id. Returns how many it scheduled.';
+
+-- The delivery workers, and the databases waiting for one (written in Rust: src/worker).
+CREATE OR REPLACE FUNCTION outbox_worker_status() RETURNS TABLE (
+    database     text,
+    pid          integer,       -- NULL: the database waits for a worker (state says why)
+    state        text,
+    started_at   timestamptz,
+    last_poll_at timestamptz,
+    in_flight    integer,       -- HTTP requests in flight now
+    delivered    bigint,        -- since the worker started
+    failed       bigint
+)
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'outbox_worker_status_wrapper';
 
 -- ======== sql/privileges.sql ========
 -- Who may do what. PUBLIC gets nothing but the few helpers docs/security.md names as open to
@@ -1675,6 +1941,7 @@ COMMENT ON FUNCTION outbox_purge(interval, boolean, integer) IS
 --   outbox_consumer  may claim, complete and fail
 --   outbox_admin     both, plus dead letters, purge, subscriptions, the worker's status
 --   pg_monitor       the statistics (outbox_stats(), the view outbox_monitoring)
+--   outbox_worker    the delivery worker's own role: what it needs, nothing more
 --
 -- The roles are created if missing (NOLOGIN; grant them to your application's roles). The API
 -- runs with the extension owner's rights, so the roles need no rights on the table itself.
@@ -1688,6 +1955,16 @@ BEGIN
             EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', role_name);
         END IF;
     END LOOP;
+    -- The delivery worker connects as outbox_worker, never as a superuser. Before PostgreSQL 17
+    -- a background worker cannot connect as a role without LOGIN; it gets no password, so
+    -- password authentication refuses it (docs/security.md).
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) 'outbox_worker') THEN
+        IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4 OPERATOR(pg_catalog.>=) 170000 THEN
+            CREATE ROLE outbox_worker NOLOGIN;
+        ELSE
+            CREATE ROLE outbox_worker LOGIN;
+        END IF;
+    END IF;
 END
 $$;
 GRANT outbox_producer, outbox_consumer TO outbox_admin;
@@ -1710,9 +1987,9 @@ BEGIN
     END LOOP;
 END
 $$;
-REVOKE ALL ON TABLE outbox, outbox_subscription FROM PUBLIC;
+REVOKE ALL ON TABLE outbox, outbox_subscription, outbox_delivery, outbox_delivery_attempt FROM PUBLIC;
 REVOKE ALL ON SEQUENCE outbox_id_seq, outbox_subscription_id_seq FROM PUBLIC;
-REVOKE ALL ON outbox_monitoring, outbox_dead_letters, outbox_subscriptions FROM PUBLIC;
+REVOKE ALL ON outbox_monitoring, outbox_dead_letters, outbox_subscriptions, outbox_deliveries, outbox_delivery_attempts FROM PUBLIC;
 
 -- Open to every role (docs/security.md): which topics the worker delivers, and pure helpers.
 GRANT EXECUTE ON FUNCTION
@@ -1738,6 +2015,8 @@ TO outbox_consumer;
 
 GRANT EXECUTE ON FUNCTION
     outbox_stats(),
+    outbox_endpoint_stats(),
+    outbox_redeliver(bigint, timestamptz, bigint[]),
     outbox_requeue(bigint),
     outbox_requeue(text),
     outbox_requeue_all(),
@@ -1750,10 +2029,26 @@ GRANT EXECUTE ON FUNCTION
     outbox_generate_secret(),
     outbox_worker_status()
 TO outbox_admin;
-GRANT SELECT ON outbox, outbox_monitoring, outbox_dead_letters, outbox_subscription, outbox_subscriptions TO outbox_admin;
+GRANT SELECT ON outbox, outbox_monitoring, outbox_dead_letters, outbox_subscription, outbox_subscriptions,
+                outbox_delivery, outbox_delivery_attempt, outbox_deliveries, outbox_delivery_attempts
+   TO outbox_admin;
 
-GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_worker_status() TO pg_monitor;
+GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_endpoint_stats(), outbox_worker_status() TO pg_monitor;
 GRANT SELECT ON outbox_monitoring TO pg_monitor;
+
+-- The delivery worker (src/worker): it picks messages up and makes their deliveries, leases
+-- and records them (with the attempt log), reads the subscriptions with their secrets, and
+-- purges old history through outbox_purge. Nothing else: no API function, no sequence.
+GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
+GRANT SELECT, UPDATE ON outbox TO outbox_worker;
+GRANT SELECT ON outbox_subscription TO outbox_worker;
+GRANT SELECT, INSERT, UPDATE ON outbox_delivery TO outbox_worker;
+GRANT INSERT ON outbox_delivery_attempt TO outbox_worker;
+GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer) TO outbox_worker;
+
+-- This database's delivery worker starts when CREATE EXTENSION (or ALTER EXTENSION UPDATE)
+-- commits.
+SELECT @extschema@.outbox_wake_worker_at_commit();
 
 -- The users' grants saved at the start of this script, granted again (objects that no longer
 -- exist are skipped).

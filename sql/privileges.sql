@@ -6,6 +6,7 @@
 --   outbox_consumer  may claim, complete and fail
 --   outbox_admin     both, plus dead letters, purge, subscriptions, the worker's status
 --   pg_monitor       the statistics (outbox_stats(), the view outbox_monitoring)
+--   outbox_worker    the delivery worker's own role: what it needs, nothing more
 --
 -- The roles are created if missing (NOLOGIN; grant them to your application's roles). The API
 -- runs with the extension owner's rights, so the roles need no rights on the table itself.
@@ -19,6 +20,16 @@ BEGIN
             EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', role_name);
         END IF;
     END LOOP;
+    -- The delivery worker connects as outbox_worker, never as a superuser. Before PostgreSQL 17
+    -- a background worker cannot connect as a role without LOGIN; it gets no password, so
+    -- password authentication refuses it (docs/security.md).
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) 'outbox_worker') THEN
+        IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4 OPERATOR(pg_catalog.>=) 170000 THEN
+            CREATE ROLE outbox_worker NOLOGIN;
+        ELSE
+            CREATE ROLE outbox_worker LOGIN;
+        END IF;
+    END IF;
 END
 $$;
 GRANT outbox_producer, outbox_consumer TO outbox_admin;
@@ -41,9 +52,9 @@ BEGIN
     END LOOP;
 END
 $$;
-REVOKE ALL ON TABLE outbox, outbox_subscription FROM PUBLIC;
+REVOKE ALL ON TABLE outbox, outbox_subscription, outbox_delivery, outbox_delivery_attempt FROM PUBLIC;
 REVOKE ALL ON SEQUENCE outbox_id_seq, outbox_subscription_id_seq FROM PUBLIC;
-REVOKE ALL ON outbox_monitoring, outbox_dead_letters, outbox_subscriptions FROM PUBLIC;
+REVOKE ALL ON outbox_monitoring, outbox_dead_letters, outbox_subscriptions, outbox_deliveries, outbox_delivery_attempts FROM PUBLIC;
 
 -- Open to every role (docs/security.md): which topics the worker delivers, and pure helpers.
 GRANT EXECUTE ON FUNCTION
@@ -69,6 +80,8 @@ TO outbox_consumer;
 
 GRANT EXECUTE ON FUNCTION
     outbox_stats(),
+    outbox_endpoint_stats(),
+    outbox_redeliver(bigint, timestamptz, bigint[]),
     outbox_requeue(bigint),
     outbox_requeue(text),
     outbox_requeue_all(),
@@ -81,7 +94,23 @@ GRANT EXECUTE ON FUNCTION
     outbox_generate_secret(),
     outbox_worker_status()
 TO outbox_admin;
-GRANT SELECT ON outbox, outbox_monitoring, outbox_dead_letters, outbox_subscription, outbox_subscriptions TO outbox_admin;
+GRANT SELECT ON outbox, outbox_monitoring, outbox_dead_letters, outbox_subscription, outbox_subscriptions,
+                outbox_delivery, outbox_delivery_attempt, outbox_deliveries, outbox_delivery_attempts
+   TO outbox_admin;
 
-GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_worker_status() TO pg_monitor;
+GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_endpoint_stats(), outbox_worker_status() TO pg_monitor;
 GRANT SELECT ON outbox_monitoring TO pg_monitor;
+
+-- The delivery worker (src/worker): it picks messages up and makes their deliveries, leases
+-- and records them (with the attempt log), reads the subscriptions with their secrets, and
+-- purges old history through outbox_purge. Nothing else: no API function, no sequence.
+GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
+GRANT SELECT, UPDATE ON outbox TO outbox_worker;
+GRANT SELECT ON outbox_subscription TO outbox_worker;
+GRANT SELECT, INSERT, UPDATE ON outbox_delivery TO outbox_worker;
+GRANT INSERT ON outbox_delivery_attempt TO outbox_worker;
+GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer) TO outbox_worker;
+
+-- This database's delivery worker starts when CREATE EXTENSION (or ALTER EXTENSION UPDATE)
+-- commits.
+SELECT @extschema@.outbox_wake_worker_at_commit();

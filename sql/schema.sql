@@ -106,3 +106,72 @@ SELECT id, topic, url, secret IS NOT NULL AS signed,
        ARRAY(SELECT jsonb_object_keys(headers) ORDER BY 1) AS header_names,
        timeout, enabled, created_at
   FROM outbox_subscription;
+
+-- ======== new in 0.4.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
+
+-- Deliveries: one message to one endpoint (subscription). The delivery worker makes them when
+-- it first picks a message up, one for each enabled subscription of its topic, and each then
+-- lives the message's life on its own: attempts, backoff, a lease while a request is in flight,
+-- DONE or DEAD. An endpoint that took a message never gets it again because another failed.
+-- The message stays PENDING (its available_at 'infinity', so no claim walks over it) until
+-- all its deliveries have ended; then it is DONE, or DEAD if any of them is.
+CREATE TABLE outbox_delivery (
+    message_id      bigint        NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+    subscription_id bigint        NOT NULL REFERENCES outbox_subscription (id) ON DELETE CASCADE,
+    status          outbox_status NOT NULL DEFAULT 'PENDING',
+    -- Requests made so far: each claim by the worker is one (a crash mid-request counts).
+    attempts        integer       NOT NULL DEFAULT 0,
+    -- When it is due: now, the backoff deadline after a failure, or the lease's end while a
+    -- request is in flight.
+    available_at    timestamptz   NOT NULL DEFAULT clock_timestamp(),
+    -- A request is in flight (or was, when the worker stopped: a new worker releases it).
+    leased          boolean       NOT NULL DEFAULT false,
+    last_error      text,
+    created_at      timestamptz   NOT NULL DEFAULT now(),
+    -- When it became DONE or DEAD.
+    processed_at    timestamptz,
+    PRIMARY KEY (message_id, subscription_id)
+);
+COMMENT ON TABLE outbox_delivery IS 'One message to one endpoint: its own attempts, backoff, lease and outcome.';
+
+-- The worker claims each endpoint's due deliveries here, oldest first.
+CREATE INDEX outbox_delivery_ready_idx ON outbox_delivery (subscription_id, available_at, message_id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status;
+-- Ended deliveries by status and time: dead ones per endpoint, the purge of old history.
+CREATE INDEX outbox_delivery_ended_idx ON outbox_delivery (status, processed_at)
+    WHERE status OPERATOR(pg_catalog.<>) 'PENDING'::outbox_status;
+-- Unsubscribing (ON DELETE CASCADE) finds an endpoint's deliveries here.
+CREATE INDEX outbox_delivery_subscription_idx ON outbox_delivery (subscription_id);
+SELECT pg_catalog.pg_extension_config_dump('outbox_delivery', '');
+
+-- The attempt log: one row per HTTP request the worker made, with what came back. Kept for
+-- outbox.retention, purged with the DONE messages.
+CREATE TABLE outbox_delivery_attempt (
+    message_id      bigint      NOT NULL,
+    subscription_id bigint      NOT NULL,
+    attempt         integer     NOT NULL,
+    started_at      timestamptz NOT NULL,
+    duration        interval    NOT NULL,
+    -- NULL when no answer came (refused, timed out, cut off).
+    http_status     integer,
+    error           text
+);
+COMMENT ON TABLE outbox_delivery_attempt IS 'Every HTTP request of the delivery worker: when, how long, what came back.';
+CREATE INDEX outbox_delivery_attempt_delivery_idx ON outbox_delivery_attempt (message_id, subscription_id);
+-- Appended in time order: a BRIN index finds the old part for the purge at almost no cost.
+CREATE INDEX outbox_delivery_attempt_started_idx ON outbox_delivery_attempt USING brin (started_at);
+SELECT pg_catalog.pg_extension_config_dump('outbox_delivery_attempt', '');
+
+CREATE VIEW outbox_deliveries AS
+SELECT d.message_id, d.subscription_id, m.public_id, m.topic, s.url, d.status, d.attempts,
+       d.available_at, d.leased AS in_flight, d.last_error,
+       CASE WHEN d.status OPERATOR(pg_catalog.=) 'DONE'::outbox_status THEN d.processed_at END AS delivered_at,
+       d.processed_at, d.created_at
+  FROM outbox_delivery d
+  JOIN outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
+  JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) d.subscription_id;
+
+CREATE VIEW outbox_delivery_attempts AS
+SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.duration, a.http_status, a.error
+  FROM outbox_delivery_attempt a
+  LEFT JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) a.subscription_id;

@@ -135,6 +135,7 @@ pub fn null_result(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
 /// function has returned (materialize mode).
 pub struct SetResult {
     store: *mut pg_sys::Tuplestorestate,
+    descriptor: pg_sys::TupleDesc,
 }
 
 impl SetResult {
@@ -145,7 +146,7 @@ impl SetResult {
         unsafe {
             pg_sys::InitMaterializedSRF(args.fcinfo(), 0);
             let info = (*args.fcinfo()).resultinfo as *mut pg_sys::ReturnSetInfo;
-            SetResult { store: (*info).setResult }
+            SetResult { store: (*info).setResult, descriptor: (*info).setDesc }
         }
     }
 
@@ -162,6 +163,16 @@ impl SetResult {
             };
             pg_sys::tuplestore_puttuple(self.store, &mut tuple);
         }
+    }
+
+    /// Appends a row given column by column (`None`: NULL), for a function declared with
+    /// `RETURNS TABLE (…)`.
+    pub fn push_values(&mut self, values: &[Option<pg_sys::Datum>]) {
+        let mut datums: Vec<pg_sys::Datum> = values.iter().map(|v| v.unwrap_or(pg_sys::Datum::from(0))).collect();
+        let mut nulls: Vec<bool> = values.iter().map(Option::is_none).collect();
+        // SAFETY: the values match the result's descriptor (the SQL declaration); the tuplestore
+        // copies them.
+        unsafe { pg_sys::tuplestore_putvalues(self.store, self.descriptor, datums.as_mut_ptr(), nulls.as_mut_ptr()) };
     }
 
     /// What a set-returning function in materialize mode returns.

@@ -5,17 +5,19 @@
 //! - `enqueue`, `claim`, `complete`, `fail`: the SQL API of each stage, each module with the
 //!   statements it runs beside it (`*.sql`);
 //! - `policy`: the one place that decides retries, the attempt limit and dead letters;
-//! - `delivery` and `worker`: the background worker that sends messages to HTTP endpoints;
+//! - `worker` and `webhook`: the background worker that sends messages to HTTP endpoints;
 //! - `subscriptions`, `topic`: what an endpoint and a topic may look like;
-//! - `spi`, `fmgr`, `text`, `interval`, `error`, `settings`: the plumbing every stage shares.
+//! - `spi`, `fmgr`, `text`, `interval`, `error`, `settings`, `compat`: the plumbing every
+//!   stage shares.
 //!
 //! The schema and the SQL declarations are in `sql/` (loaded below, in order).
 
 use pgrx::prelude::*;
 
 mod claim;
+mod compat;
 mod complete;
-mod delivery;
+mod webhook;
 mod enqueue;
 mod error;
 mod fail;
@@ -33,14 +35,10 @@ mod worker;
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../sql/helpers.sql", name = "outbox_helpers");
-extension_sql_file!("../sql/schema.sql", name = "outbox_schema", requires = ["outbox_helpers", enqueue::outbox_uuid_v7]);
+extension_sql_file!("../sql/schema.sql", name = "outbox_schema", requires = ["outbox_helpers"]);
 extension_sql_file!("../sql/api.sql", name = "outbox_api", requires = ["outbox_schema"]);
 extension_sql_file!("../sql/subscriptions.sql", name = "outbox_subscriptions", requires = ["outbox_api"]);
-extension_sql_file!(
-    "../sql/operations.sql",
-    name = "outbox_operations",
-    requires = ["outbox_subscriptions", worker::registry::outbox_wake_worker_at_commit]
-);
+extension_sql_file!("../sql/operations.sql", name = "outbox_operations", requires = ["outbox_subscriptions"]);
 extension_sql_file!("../sql/privileges.sql", name = "outbox_privileges", finalize);
 
 #[pg_guard]
@@ -59,7 +57,8 @@ pub extern "C-unwind" fn _PG_init() {
     // it the SQL API works the same and nothing is delivered over HTTP.
     if preloading {
         worker::registry::init();
-        worker::register_background_workers();
+        worker::launcher::register();
+        worker::hooks::install();
     }
 }
 

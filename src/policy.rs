@@ -99,6 +99,17 @@ impl BackoffPolicy {
     }
 }
 
+/// What a message sent to several endpoints becomes once all its deliveries have ended: DONE
+/// when every endpoint took it, DEAD (saying which endpoints and why) when any delivery is.
+pub fn message_outcome(delivered: usize, dead: usize, dead_errors: Option<String>) -> (&'static str, Option<String>) {
+    if dead == 0 {
+        ("DONE", None)
+    } else {
+        let why = dead_errors.unwrap_or_default();
+        ("DEAD", Some(format!("{dead} of {} deliveries dead: {why}", delivered + dead)))
+    }
+}
+
 #[cfg(test)]
 mod unit_tests {
     use super::*;
@@ -126,6 +137,15 @@ mod unit_tests {
         let policy = essay_retry_policy();
         assert_eq!(policy.after_failure(1, Some(Duration::from_secs(90)), 0.0), AfterFailure::RetryIn(Duration::from_secs(90)));
         assert_eq!(policy.after_failure(8, Some(Duration::from_secs(1)), 0.0), AfterFailure::Dead);
+    }
+
+    #[test]
+    fn a_message_ends_dead_when_any_delivery_is() {
+        assert_eq!(message_outcome(3, 0, None), ("DONE", None));
+        assert_eq!(
+            message_outcome(1, 1, Some("http://b/: HTTP 503".into())),
+            ("DEAD", Some("1 of 2 deliveries dead: http://b/: HTTP 503".into()))
+        );
     }
 
     #[test]
@@ -200,25 +220,21 @@ mod unit_tests {
     }
 }
 
-// The policy as SQL helpers, for consumers and operators who want to see it.
+// The policy as SQL helpers, for consumers and operators who want to see it. (Their symbols
+// keep the names pgrx gave them until 0.3.0.)
 
-/// The delay before the next attempt of a message that has failed `attempts` times, under the
-/// current settings (with jitter).
-#[pgrx::pg_extern(volatile, parallel_safe)]
-fn outbox_backoff(attempts: i32) -> pgrx::datum::Interval {
+// outbox_backoff(attempts integer) RETURNS interval (STRICT): the delay before the next attempt
+// of a message that has failed `attempts` times, under the current settings (with jitter).
+crate::fmgr::sql_function!(outbox_backoff_wrapper, pg_finfo_outbox_backoff_wrapper, |args| {
+    let attempts = crate::fmgr::required(args.get::<i32>(0), "outbox_backoff", "attempts");
     let Ok(attempts) = u32::try_from(attempts) else {
-        crate::error::raise(crate::error::OutboxError::invalid(
-            "outbox_backoff",
-            "attempts",
-            format!("must not be negative, got {attempts}"),
-        ));
+        crate::error::raise(crate::error::OutboxError::invalid("outbox_backoff", "attempts", format!("must not be negative, got {attempts}")));
     };
     let delay = crate::settings::retry_policy().backoff.delay(attempts, fastrand::f64());
-    crate::interval::from_duration(delay)
-}
+    pgrx::datum::IntoDatum::into_datum(crate::interval::from_duration(delay)).expect("an interval")
+});
 
-/// `outbox.max_attempts` as it is now.
-#[pgrx::pg_extern(stable, parallel_safe)]
-fn outbox_max_attempts() -> i32 {
-    crate::settings::retry_policy().max_attempts
-}
+// outbox_max_attempts() RETURNS integer: outbox.max_attempts as it is now.
+crate::fmgr::sql_function!(outbox_max_attempts_wrapper, pg_finfo_outbox_max_attempts_wrapper, |_args| {
+    pgrx::datum::IntoDatum::into_datum(crate::settings::retry_policy().max_attempts).expect("an integer")
+});

@@ -1,6 +1,6 @@
 //! Settings (GUCs). The core ones are `USERSET`: they can be set per session, per role
-//! (`ALTER ROLE … SET`), per database (`ALTER DATABASE … SET`) or server-wide. The worker's
-//! are `SIGHUP` (a reload applies them) except which databases it serves (`POSTMASTER`).
+//! (`ALTER ROLE … SET`), per database (`ALTER DATABASE … SET`) or server-wide. The delivery
+//! worker's are `SIGHUP`: a reload applies them. docs/settings.md has the table.
 
 use crate::policy::{BackoffPolicy, RetryPolicy};
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -12,7 +12,9 @@ pub static BACKOFF_BASE_MS: GucSetting<i32> = GucSetting::<i32>::new(2_000);
 pub static BACKOFF_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(3_600_000);
 pub static BACKOFF_JITTER: GucSetting<f64> = GucSetting::<f64>::new(0.2);
 
-pub static WORKER_DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static WORKER_DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"*"));
+pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(8);
+pub static WORKER_MEMORY_KB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 pub static WORKER_ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 pub static WORKER_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
@@ -63,19 +65,30 @@ pub fn register() {
     );
 }
 
-/// The delivery worker's settings. `outbox.worker_databases` can only be defined while the
-/// library is preloaded (Postgres refuses new POSTMASTER settings after start-up).
+/// The delivery worker's settings (defined only while the library is preloaded: without it
+/// there is no worker).
 pub fn register_worker(preloading: bool) {
-    if preloading {
-        GucRegistry::define_string_guc(
-            c"outbox.worker_databases",
-            c"Databases the delivery worker serves, separated by commas (one worker each).",
-            c"Needs a restart. An empty value starts no worker.",
-            &WORKER_DATABASES,
-            GucContext::Postmaster,
-            GucFlags::default(),
-        );
+    if !preloading {
+        return;
     }
+    GucRegistry::define_string_guc(
+        c"outbox.worker_databases",
+        c"Databases that get a delivery worker: '*' for every database with outbox_ext, or a comma-separated list.",
+        c"A database must also have the extension. A reload applies a change.",
+        &WORKER_DATABASES,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"outbox.max_workers",
+        c"Delivery workers (one per database) that may run at once.",
+        c"Databases beyond it wait, named in a WARNING and in outbox_worker_status(). Each worker is a background worker: max_worker_processes must leave room.",
+        &MAX_WORKERS,
+        1,
+        crate::worker::registry::SLOTS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     GucRegistry::define_bool_guc(
         c"outbox.worker_enabled",
         c"Whether the delivery worker delivers (off: it idles, messages stay pending).",
@@ -96,18 +109,18 @@ pub fn register_worker(preloading: bool) {
     );
     GucRegistry::define_int_guc(
         c"outbox.worker_batch_size",
-        c"Messages the delivery worker claims at a time.",
+        c"Ready messages the delivery worker picks up at a time (each gets a delivery per endpoint).",
         c"",
         &WORKER_BATCH_SIZE,
         1,
-        crate::claim::MAX_BATCH_SIZE, // the worker claims through outbox_claim
+        crate::claim::MAX_BATCH_SIZE,
         GucContext::Sighup,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"outbox.max_in_flight",
-        c"HTTP requests the delivery worker may have in flight at once.",
-        c"",
+        c"HTTP requests a delivery worker may have in flight at once, shared between its endpoints.",
+        c"Each endpoint with work gets an equal share (at least one): a slow endpoint holds only its own.",
         &MAX_IN_FLIGHT,
         1,
         256,
@@ -115,9 +128,19 @@ pub fn register_worker(preloading: bool) {
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
+        c"outbox.worker_memory",
+        c"Payload bytes a delivery worker holds in requests at once.",
+        c"A request starts only while the payloads in flight stay under it (a single larger payload still goes, alone).",
+        &WORKER_MEMORY_KB,
+        64,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
         c"outbox.http_timeout",
         c"Longest wait for an endpoint: connecting, sending and reading the answer together.",
-        c"A subscription's own timeout overrides it.",
+        c"A subscription's own timeout overrides it; no request lasts longer than 9 min 55 s.",
         &HTTP_TIMEOUT_MS,
         100,
         600_000,
@@ -126,7 +149,7 @@ pub fn register_worker(preloading: bool) {
     );
     GucRegistry::define_int_guc(
         c"outbox.retention",
-        c"How long DONE messages are kept before the delivery worker purges them (0: never).",
+        c"How long DONE messages (and the attempt log) are kept before the delivery worker purges them (0: never).",
         c"DEAD messages are kept until requeued or discarded.",
         &RETENTION_S,
         0,
@@ -136,16 +159,24 @@ pub fn register_worker(preloading: bool) {
     );
 }
 
-/// The databases named by `outbox.worker_databases`, trimmed, without empties or repeats.
-pub fn worker_databases() -> Vec<String> {
+/// The databases `outbox.worker_databases` names (trimmed, without empties or repeats), or
+/// `None` for '*' (every database with the extension).
+pub fn worker_databases() -> Option<Vec<String>> {
     let raw = WORKER_DATABASES.get().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    if raw.trim() == "*" {
+        return None;
+    }
     let mut names: Vec<String> = Vec::new();
     for name in raw.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         if !names.iter().any(|n| n == name) {
             names.push(name.to_string());
         }
     }
-    names
+    Some(names)
+}
+
+pub fn max_workers() -> usize {
+    MAX_WORKERS.get() as usize
 }
 
 /// The worker's settings as they are now (re-read after every reload).
@@ -155,6 +186,7 @@ pub struct WorkerSettings {
     pub poll_interval: Duration,
     pub batch_size: i32,
     pub max_in_flight: usize,
+    pub max_payload_bytes: usize,
     pub http_timeout: Duration,
     /// `None`: keep DONE messages forever.
     pub retention: Option<Duration>,
@@ -166,6 +198,7 @@ pub fn worker_settings() -> WorkerSettings {
         poll_interval: Duration::from_millis(POLL_INTERVAL_MS.get() as u64),
         batch_size: WORKER_BATCH_SIZE.get(),
         max_in_flight: MAX_IN_FLIGHT.get() as usize,
+        max_payload_bytes: WORKER_MEMORY_KB.get() as usize * 1024,
         http_timeout: Duration::from_millis(HTTP_TIMEOUT_MS.get() as u64),
         retention: match RETENTION_S.get() {
             0 => None,

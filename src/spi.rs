@@ -102,24 +102,32 @@ thread_local! {
     static VERSION_MATCHES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// The version of outbox_ext installed in this database, if any.
+fn installed_version() -> Option<String> {
+    let mut spi = Spi::connect();
+    let installed = spi.execute(&EXTENSION_VERSION, pg_sys::InvalidOid, &[]).get_text(0, 1);
+    spi.finish();
+    installed
+}
+
+/// Whether this database's extension is the version of this library. Checked once per session
+/// when it matches, on every call while it does not.
+pub fn version_matches() -> bool {
+    if !VERSION_MATCHES.get() && installed_version().as_deref() == Some(env!("CARGO_PKG_VERSION")) {
+        VERSION_MATCHES.set(true);
+    }
+    VERSION_MATCHES.get()
+}
+
 /// The library's statements are written for its own version of the schema. After a new
 /// library is installed, a database still on the old version gets a clear error from the API
 /// (until `ALTER EXTENSION outbox_ext UPDATE`), never a statement run against tables it does
-/// not fit. Checked once per session when it matches, on every call while it does not.
+/// not fit.
 pub fn require_matching_version() {
-    if VERSION_MATCHES.get() {
-        return;
+    if !version_matches() {
+        let installed = installed_version().unwrap_or_else(|| "none".into());
+        raise(OutboxError::WrongVersion { installed, library: env!("CARGO_PKG_VERSION").into() });
     }
-    let mut spi = Spi::connect();
-    let installed: Option<String> = spi.execute(&EXTENSION_VERSION, pg_sys::InvalidOid, &[]).get_text(0, 1);
-    spi.finish();
-    let library = env!("CARGO_PKG_VERSION");
-    if installed.as_deref() == Some(library) {
-        VERSION_MATCHES.set(true);
-        return;
-    }
-    let installed = installed.unwrap_or_else(|| "none".into());
-    raise(OutboxError::WrongVersion { installed, library: library.into() });
 }
 
 /// A connection to SPI: `finish` it before returning.
@@ -195,13 +203,32 @@ impl Rows<'_> {
         self.datum(row, column).and_then(|datum| unsafe { T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid) })
     }
 
-    /// A text column of ASCII (names, versions) as a Rust string.
-    fn get_text(&self, row: usize, column: i32) -> Option<String> {
+    /// A text column as UTF-8 (converted from the database's encoding).
+    pub fn get_text(&self, row: usize, column: i32) -> Option<String> {
         if row >= self.count {
             return None;
         }
         // SAFETY: the column is text.
         self.datum(row, column).map(|datum| unsafe { crate::text::from_datum(datum) })
+    }
+
+    /// A text[] column as UTF-8 strings (NULL elements, and a NULL array, as nothing).
+    pub fn get_text_array(&self, row: usize, column: i32) -> Vec<String> {
+        let Some(datum) = self.datum(row, column) else { return Vec::new() };
+        // SAFETY: the column is text[]; deconstruct_array gives palloc'd element arrays.
+        unsafe {
+            let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+            let (mut elements, mut nulls, mut count) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
+            pg_sys::deconstruct_array(array, pg_sys::TEXTOID, -1, false, pg_sys::TYPALIGN_INT as std::ffi::c_char,
+                                      &mut elements, &mut nulls, &mut count);
+            (0..count as usize).filter(|&i| !*nulls.add(i)).map(|i| crate::text::from_datum(*elements.add(i))).collect()
+        }
+    }
+
+    /// A bytea column's bytes.
+    pub fn get_bytes(&self, row: usize, column: i32) -> Option<Vec<u8>> {
+        // SAFETY: the column is bytea (a varlena).
+        self.datum(row, column).map(|datum| unsafe { crate::text::datum_bytes(datum) }.to_vec())
     }
 
     /// A column copied into the memory context that was current before SPI_connect, so it

@@ -2,7 +2,7 @@
 //! table and the functions that manage it are in `sql/subscriptions.sql`; these checks are the
 //! one definition of a valid endpoint.
 
-use crate::delivery;
+use crate::webhook;
 use crate::error::{or_raise, OutboxError};
 use crate::fmgr::{required, sql_function};
 use crate::text;
@@ -131,7 +131,7 @@ sql_function!(outbox_check_subscription_wrapper, pg_finfo_outbox_check_subscript
     let url = required(args.text(0), FUNCTION, "url");
     or_raise(check_url(&url).map_err(|why| OutboxError::invalid(FUNCTION, "url", why)));
     if let Some(secret) = args.text(1) {
-        or_raise(delivery::decode_secret(&secret).map(drop).map_err(|why| OutboxError::invalid(FUNCTION, "secret", why)));
+        or_raise(webhook::decode_secret(&secret).map(drop).map_err(|why| OutboxError::invalid(FUNCTION, "secret", why)));
     }
     if let Some(headers) = args.datum(2) {
         // SAFETY: the argument is declared jsonb.
@@ -141,11 +141,11 @@ sql_function!(outbox_check_subscription_wrapper, pg_finfo_outbox_check_subscript
     pg_sys::Datum::from(0)
 });
 
-/// A new random signing secret in the Standard Webhooks `whsec_` form.
-#[pgrx::pg_extern(volatile, parallel_safe)]
-fn outbox_generate_secret() -> String {
-    delivery::generate_secret()
-}
+// outbox_generate_secret() RETURNS text: a new random signing secret in the Standard Webhooks
+// `whsec_` form. (Its symbol keeps the name pgrx gave it until 0.3.0.)
+sql_function!(outbox_generate_secret_wrapper, pg_finfo_outbox_generate_secret_wrapper, |_args| {
+    crate::text::to_datum(&webhook::generate_secret())
+});
 
 #[cfg(test)]
 mod unit_tests {

@@ -73,6 +73,20 @@ pub unsafe fn from_datum(datum: pg_sys::Datum) -> String {
     from_server(unsafe { datum_bytes(datum) })
 }
 
+/// A text datum holding `text` (UTF-8), in the database's encoding. Characters the encoding
+/// cannot hold are escaped (`\u{20ac}`), so that writing never fails.
+pub fn to_datum(text: &str) -> pg_sys::Datum {
+    let owned;
+    let text = if text.is_ascii() || database_encoding() != Encoding::Other {
+        text
+    } else {
+        owned = escape_non_ascii(text);
+        &owned
+    };
+    // SAFETY: copies `text.len()` bytes into a palloc'd text value.
+    unsafe { pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(text.as_ptr().cast(), text.len() as i32)) }
+}
+
 /// How many characters the bytes of a server-encoded string hold.
 pub fn server_chars(bytes: &[u8]) -> usize {
     if bytes.is_ascii() {

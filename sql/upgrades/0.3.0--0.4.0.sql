@@ -7,3 +7,8 @@ CREATE UNIQUE INDEX outbox_dedupe_key_idx ON outbox (topic, dedupe_key) WHERE de
 
 -- The dead-letter rule's text moved into src/policy.rs.
 DROP FUNCTION outbox_exhausted_error(integer, integer, uuid, text);
+
+-- outbox_stats() gains the deliveries' numbers: a new result type, so it and the view over it
+-- are made again (sql/operations.sql); the users' grants on them are kept.
+DROP VIEW outbox_monitoring;
+DROP FUNCTION outbox_stats();

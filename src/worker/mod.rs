@@ -1,237 +1,125 @@
-//! The delivery worker: a background worker per database that POSTs messages to the endpoints
-//! subscribed to their topic.
+//! The delivery worker: one background process per database with outbox_ext, started by the
+//! launcher (`launcher.rs`), that POSTs each message to the endpoints subscribed to its topic.
 //!
-//! One round, repeated:
-//! 1. a short transaction claims a batch of messages of subscribed topics, with a lease, and
-//!    commits (through `outbox_claim`, the same function every consumer uses);
-//! 2. outside any transaction, helper threads deliver them over HTTP, at most
-//!    `outbox.max_in_flight` at once; they never call into Postgres;
-//! 3. the main thread records each message's outcome as it arrives, in a transaction of its
-//!    own (`outbox_complete` / `outbox_fail`), so one poisoned message never rolls back its
-//!    neighbours' success.
+//! Its loop is the essay's, one step per file:
 //!
-//! A crash anywhere leaves claimed messages leased; when the lease runs out they are claimed
-//! again: at least once, never lost.
+//! 1. **claim** (`claim.rs`): in a short transaction, make the deliveries of newly ready
+//!    messages (one per endpoint) and lease each endpoint's due deliveries, as many as its share
+//!    of the in-flight slots allows, one request per lease;
+//! 2. **deliver** (`deliver.rs`): outside any transaction, helper threads send them, each
+//!    request on its own, with its endpoint's timeout;
+//! 3. **record** (`record.rs`): the answers that came back, in one short transaction with the
+//!    next claim: DONE, retried after the backoff, or DEAD; the attempt log; the messages whose
+//!    deliveries have all ended;
+//! 4. **sleep** (`sleep.rs`): until an answer comes back, a producer commits, a delivery falls
+//!    due or the poll interval passes.
+//!
+//! SIGTERM, `pg_terminate_backend` and `DROP EXTENSION` start nothing new; the worker records
+//! what comes back within the requests' timeouts and exits. A crash leaves deliveries leased; the
+//! next worker of the database (never two at once) makes them due again at its start.
 
+mod claim;
+mod deliver;
+mod endpoints;
+mod housekeeping;
+pub mod hooks;
+pub mod launcher;
+mod record;
 pub mod registry;
+mod session;
+mod sleep;
 
 pub use registry::wake_worker_at_commit as wake_at_commit;
 
-use crate::delivery::{self, Endpoint, Message, Outcome};
+use crate::fmgr::{sql_function, SetResult};
 use crate::settings::{self, WorkerSettings};
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
-use pgrx::datum::Interval;
-use pgrx::prelude::*;
-use pgrx::spi::OwnedPreparedStatement;
-use registry::WorkerState;
-use std::collections::{BTreeMap, HashMap};
-use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use crate::spi::Spi;
+use deliver::{Finished, Pool};
+use endpoints::Endpoints;
+use housekeeping::Housekeeping;
+use pgrx::datum::IntoDatum;
+use pgrx::pg_sys;
+use registry::{ExitReason, WorkerState};
 use std::time::{Duration, Instant};
 
-/// How often, at most, the worker looks for pending messages nobody subscribes to ...
-const UNSUBSCRIBED_CHECK_INTERVAL: Duration = Duration::from_secs(5);
-/// ... and how often, at most, it warns about the same topic.
-const UNSUBSCRIBED_WARNING_INTERVAL: Duration = Duration::from_secs(60);
-/// How often the worker purges DONE messages older than `outbox.retention` ...
-const PURGE_INTERVAL: Duration = Duration::from_secs(60);
-/// ... in transactions of at most this many rows ...
-const PURGE_BATCH_ROWS: i32 = 10_000;
-/// ... and at most this many of them per pass, so deliveries are not held up for long.
-const PURGE_BATCHES_PER_PASS: usize = 30;
-/// Added to twice a batch's worst-case delivery time to make its lease.
-const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// After a step failed (a lock timeout, a serialization failure, …), wait this long before the
+/// next, doubling up to [`MAX_RETRY_WAIT`] while they keep failing.
+const FIRST_RETRY_WAIT: Duration = Duration::from_millis(100);
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
+/// Stopping, the worker waits for the requests in flight (each gives up by its timeout) and
+/// then this long to record their answers.
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
 
-const FIND_EXTENSION_SCHEMA: &str = include_str!("../../sql/worker/find_extension_schema.sql");
-const LOAD_SUBSCRIPTIONS: &str = include_str!("../../sql/worker/load_subscriptions.sql");
-const CLAIM: &str = include_str!("../../sql/worker/claim.sql");
-const UNSUBSCRIBED_TOPICS: &str = include_str!("../../sql/worker/unsubscribed_topics.sql");
-/// Every wait has a bound: a table locked by a long ALTER makes a round fail (logged), and the
-/// worker is started again after its restart time instead of hanging. The worker's commits do
-/// not wait for the WAL flush: losing the last outcomes in a server crash only means those
-/// messages are delivered again (at least once), never lost, and it lets one worker record
-/// thousands of outcomes a second.
-const SESSION_SETTINGS: &str = "SELECT pg_catalog.set_config('lock_timeout', '10s', false), \
-     pg_catalog.set_config('statement_timeout', '60s', false), \
-     pg_catalog.set_config('synchronous_commit', 'off', false)";
-const PURGE: &str = "SELECT outbox_purge($1, false, $2)";
-const COMPLETE_BATCH: &str = "SELECT outbox_complete_batch($1::bigint[], $2::uuid[])";
-const FAIL: &str = "SELECT outbox_fail($1, $2, $3::uuid, $4)";
-
-/// The statements of every round, prepared once and kept for the worker's life instead of
-/// being parsed and planned on each call. PostgreSQL plans them again by itself when what they
-/// name changes (the extension dropped and created again, or moved: the search_path is part
-/// of a kept plan).
-struct Statements {
-    claim: OwnedPreparedStatement,
-    complete_batch: OwnedPreparedStatement,
-    fail: OwnedPreparedStatement,
-}
-
-impl Statements {
-    /// In a transaction, with the search_path set to the extension's schema.
-    fn prepare() -> Statements {
-        use pg_sys::BuiltinOid::*;
-        Spi::connect(|client| {
-            let keep = |query: &str, types: &[pg_sys::BuiltinOid]| {
-                let types: Vec<PgOid> = types.iter().map(|&t| PgOid::BuiltIn(t)).collect();
-                client.prepare_mut(query, &types).expect("preparing the worker's statements").keep()
-            };
-            Statements {
-                claim: keep(CLAIM, &[INT4OID, TEXTARRAYOID, INTERVALOID]),
-                complete_batch: keep(COMPLETE_BATCH, &[INT8ARRAYOID, TEXTARRAYOID]),
-                fail: keep(FAIL, &[INT8OID, TEXTOID, TEXTOID, INTERVALOID]),
-            }
-        })
-    }
-}
-
-/// Registers one worker per database of `outbox.worker_databases`. Called while preloading.
-pub fn register_background_workers() {
-    let databases = settings::worker_databases();
-    if databases.len() > registry::MAX_WORKERS {
-        warning!(
-            "outbox_ext: outbox.worker_databases names {} databases; only the first {} get a delivery worker",
-            databases.len(),
-            registry::MAX_WORKERS
-        );
-    }
-    for (slot, database) in databases.iter().take(registry::MAX_WORKERS).enumerate() {
-        BackgroundWorkerBuilder::new(&format!("outbox_ext delivery worker for {database}"))
-            .set_type("outbox_ext delivery worker")
-            .set_library("outbox_ext")
-            .set_function("outbox_worker_main")
-            .set_argument((slot as i32).into_datum())
-            .set_extra(database)
-            .enable_spi_access()
-            .set_start_time(BgWorkerStartTime::RecoveryFinished)
-            .set_restart_time(Some(Duration::from_secs(5)))
-            .load();
-    }
-}
-
-#[pg_guard]
+/// The entry point of a delivery worker (a dynamic background worker the launcher starts; its
+/// argument is its registry slot, its extra data its database's name).
+#[pgrx::pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn outbox_worker_main(argument: pg_sys::Datum) {
-    let slot = argument.value() as usize;
-    let database = BackgroundWorker::get_extra().to_owned();
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
-    unsafe { pg_sys::pgstat_report_appname(c"outbox_ext delivery worker".as_ptr()) };
+    let slot = argument.value();
+    let database = pgrx::bgworkers::BackgroundWorker::get_extra().to_owned();
+    pgrx::bgworkers::BackgroundWorker::attach_signal_handlers(
+        pgrx::bgworkers::SignalWakeFlags::SIGHUP | pgrx::bgworkers::SignalWakeFlags::SIGTERM,
+    );
     registry::attach(slot);
-    log!("outbox_ext: delivery worker started for database \"{database}\"");
+    session::connect(&database);
 
-    BackgroundWorker::transaction(|| {
-        Spi::run(SESSION_SETTINGS).expect("setting up the worker's session");
-    });
-
-    let mut worker = Worker::new(slot, database);
-    worker.run();
-
-    log!("outbox_ext: delivery worker for database \"{}\" stopped", worker.database);
-    // Exit code 1 asks the postmaster to start us again after the restart time, unless it is
-    // shutting down: a worker stopped with pg_terminate_backend comes back.
-    unsafe { pg_sys::proc_exit(1) };
+    let reason = Worker::new(slot).run(&database);
+    registry::update(slot, |s| s.exit_reason = reason);
+    if reason != ExitReason::NoExtension {
+        pgrx::log!("outbox_ext: delivery worker for database \"{database}\" stopped");
+    }
+    // Exit code 0: the launcher, not the postmaster, decides whether this database gets another.
+    // SAFETY: ends the process the normal way.
+    unsafe { pg_sys::proc_exit(0) };
 }
 
 fn shutdown_requested() -> bool {
+    // SAFETY: reads a flag set by our SIGTERM handler.
     unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() != 0 }
 }
 
-/// A claimed message and where it goes.
-struct Claimed {
-    id: i64,
-    lease_token: String,
-    message: Message,
-    endpoints: Vec<usize>,
-}
-
-enum Round {
-    /// The database has no outbox_ext (yet).
-    NoExtension,
-    /// Nothing to deliver now.
-    Nothing,
-    Delivered { claimed: usize, batch_size: usize },
+fn reload_requested() -> bool {
+    pgrx::bgworkers::BackgroundWorker::sighup_received()
 }
 
 struct Worker {
     slot: usize,
-    database: String,
-    /// The schema the search_path is set to (the extension's), once found.
-    schema: Option<String>,
-    agent: ureq::Agent,
-    agent_pool: usize,
-    said_waiting_for_extension: bool,
-    last_unsubscribed_check: Option<Instant>,
-    warned_about_topic: HashMap<String, Instant>,
-    last_purge: Option<Instant>,
-    /// Prepared at the first claim.
-    statements: Option<Statements>,
+    settings: WorkerSettings,
+    endpoints: Endpoints,
+    pool: Pool,
+    /// Answers not yet recorded (a failed step keeps them for the next).
+    finished: Vec<Finished>,
+    housekeeping: Housekeeping,
+    /// Subscriptions and due times are read again after this.
+    next_refresh: Instant,
+    retry_wait: Duration,
+    draining: bool,
+    /// Once draining: the time by which the worker exits, whatever is left (the slowest request
+    /// in flight gives up by then).
+    drain_deadline: Option<Instant>,
+}
+
+/// What a step found.
+enum Step {
+    Ran { recorded: record::Recorded, claimed: Vec<claim::Claimed> },
+    NoExtension,
+    WaitingForUpdate,
 }
 
 impl Worker {
-    fn new(slot: usize, database: String) -> Self {
-        let pool = settings::worker_settings().max_in_flight;
+    fn new(slot: usize) -> Self {
+        let settings = settings::worker_settings();
         Worker {
             slot,
-            database,
-            schema: None,
-            agent: delivery::new_agent(pool),
-            agent_pool: pool,
-            said_waiting_for_extension: false,
-            last_unsubscribed_check: None,
-            warned_about_topic: HashMap::new(),
-            last_purge: None,
-            statements: None,
-        }
-    }
-
-    fn run(&mut self) {
-        while !shutdown_requested() {
-            if BackgroundWorker::sighup_received() {
-                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            }
-            let settings = settings::worker_settings();
-            if settings.max_in_flight != self.agent_pool {
-                self.agent = delivery::new_agent(settings.max_in_flight);
-                self.agent_pool = settings.max_in_flight;
-            }
-            registry::update(self.slot, |s| s.last_poll_at = unsafe { pg_sys::GetCurrentTimestamp() });
-
-            let more_waiting = if settings.enabled {
-                match self.round(&settings) {
-                    Round::NoExtension => {
-                        self.set_state(WorkerState::WaitingForExtension);
-                        false
-                    }
-                    Round::Nothing => {
-                        self.set_state(WorkerState::Idle);
-                        false
-                    }
-                    Round::Delivered { claimed, batch_size } => {
-                        let full = claimed == batch_size;
-                        if !full {
-                            self.set_state(WorkerState::Idle);
-                        }
-                        full
-                    }
-                }
-            } else {
-                self.set_state(WorkerState::Disabled);
-                false
-            };
-            if settings.enabled {
-                self.purge_if_due(&settings);
-            }
-            if shutdown_requested() {
-                break;
-            }
-            // A full batch suggests more is ready: go again at once. Otherwise sleep until the
-            // poll interval passes or a committing producer sets our latch.
-            if !more_waiting && !BackgroundWorker::wait_latch(Some(settings.poll_interval)) {
-                break;
-            }
+            pool: Pool::start(settings.max_in_flight),
+            settings,
+            endpoints: Endpoints::default(),
+            finished: Vec::new(),
+            housekeeping: Housekeeping::default(),
+            next_refresh: Instant::now(),
+            retry_wait: FIRST_RETRY_WAIT,
+            draining: false,
+            drain_deadline: None,
         }
     }
 
@@ -239,306 +127,225 @@ impl Worker {
         registry::update(self.slot, |s| s.state = state);
     }
 
-    /// One claim-deliver-record round.
-    fn round(&mut self, settings: &WorkerSettings) -> Round {
-        let claim = BackgroundWorker::transaction(AssertUnwindSafe(|| self.claim(settings)));
-        let Some((endpoints, batch)) = claim else {
-            return Round::NoExtension;
+    fn run(&mut self, database: &str) -> ExitReason {
+        let schema = match session::transaction(session::extension_schema) {
+            Ok(Some(schema)) => schema,
+            Ok(None) => return ExitReason::NoExtension,
+            Err(failure) => {
+                pgrx::warning!("outbox_ext: the delivery worker for database \"{database}\" could not start: {failure}");
+                return ExitReason::Unknown;
+            }
         };
-        if batch.is_empty() {
-            return Round::Nothing;
-        }
-        self.set_state(WorkerState::Delivering);
-        let claimed = batch.len();
-        self.deliver(settings, &endpoints, batch);
-        Round::Delivered { claimed, batch_size: settings.batch_size as usize }
-    }
-
-    /// In a transaction: find the extension, read the subscriptions, claim a batch of their
-    /// topics. `None` when the extension is not installed in this database.
-    fn claim(&mut self, settings: &WorkerSettings) -> Option<(Vec<Endpoint>, Vec<Claimed>)> {
-        let Some(schema) = Spi::get_one::<String>(FIND_EXTENSION_SCHEMA).expect("looking up the extension") else {
-            if !self.said_waiting_for_extension {
-                log!(
-                    "outbox_ext: database \"{}\" has no outbox_ext extension; the delivery worker waits for CREATE EXTENSION outbox_ext",
-                    self.database
-                );
-                self.said_waiting_for_extension = true;
+        pgrx::log!("outbox_ext: delivery worker started for database \"{database}\"");
+        match session::transaction(|| crate::spi::version_matches().then(|| claim::release_predecessors_leases(schema))) {
+            Ok(Some(released)) if released > 0 => {
+                pgrx::log!("outbox_ext: {released} delivery(ies) in flight when the last worker stopped are due again")
             }
-            self.schema = None;
-            return None;
-        };
-        self.said_waiting_for_extension = false;
-        if self.schema.as_deref() != Some(schema.as_str()) {
-            // Session-wide: the worker's calls resolve to the extension's functions.
-            Spi::run_with_args(
-                "SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident($1) || ', pg_catalog', false)",
-                &[schema.clone().into()],
-            )
-            .expect("setting the search_path");
-            self.schema = Some(schema);
+            _ => {}
         }
 
-        let (endpoints, endpoints_by_topic) = load_endpoints(settings);
-        let topics: Vec<String> = endpoints_by_topic.keys().cloned().collect();
-        self.warn_about_unsubscribed_topics(&topics);
-        if topics.is_empty() {
-            return Some((endpoints, Vec::new()));
-        }
-
-        let lease = lease_for(settings, &endpoints, &endpoints_by_topic);
-        let claim = &self.statements.get_or_insert_with(Statements::prepare).claim;
-        let batch = Spi::connect_mut(|client| {
-            let rows = client
-                .update(
-                    claim,
-                    None,
-                    &[settings.batch_size.into(), topics.clone().into(), lease.into()],
-                )
-                .expect("claiming messages");
-            rows.map(|row| {
-                let topic: String = row.get(3).unwrap().unwrap();
-                Claimed {
-                    id: row.get(1).unwrap().unwrap(),
-                    lease_token: row.get(6).unwrap().unwrap(),
-                    endpoints: endpoints_by_topic.get(&topic).cloned().unwrap_or_default(),
-                    message: Message {
-                        public_id: row.get(2).unwrap().unwrap(),
-                        topic,
-                        payload: row.get(4).unwrap().unwrap(),
-                        attempt: row.get(5).unwrap().unwrap(),
-                    },
-                }
-            })
-            .collect()
-        });
-        Some((endpoints, batch))
-    }
-
-    /// Deletes DONE messages older than `outbox.retention`, at most once a minute (or once per
-    /// retention, when it is shorter), in short
-    /// transactions of bounded size.
-    fn purge_if_due(&mut self, settings: &WorkerSettings) {
-        let Some(retention) = settings.retention else { return };
-        // Purging more often than the retention would find nothing new.
-        let interval = PURGE_INTERVAL.min(retention.max(Duration::from_secs(1)));
-        if self.schema.is_none() || self.last_purge.is_some_and(|at| at.elapsed() < interval) {
-            return;
-        }
-        self.last_purge = Some(Instant::now());
-        let older_than = Interval::from_micros(retention.as_micros() as i64);
-        let mut purged_total = 0;
-        for _ in 0..PURGE_BATCHES_PER_PASS {
-            let purged = BackgroundWorker::transaction(|| {
-                Spi::get_one_with_args::<i64>(PURGE, &[older_than.into(), PURGE_BATCH_ROWS.into()])
-                    .expect("purging DONE messages")
-                    .unwrap_or(0)
-            });
-            purged_total += purged;
-            if purged < i64::from(PURGE_BATCH_ROWS) || shutdown_requested() {
-                break;
+        loop {
+            if registry::must_leave_now(self.slot) {
+                return ExitReason::Stopped; // abandons what is in flight: redelivered later
             }
-        }
-        if purged_total > 0 {
-            log!("outbox_ext: purged {purged_total} DONE message(s) older than outbox.retention");
-        }
-    }
-
-    /// Logs the topics that have pending messages but no subscription, each at most once a
-    /// minute: they stay pending (a producer deployed ahead of its consumer is not data loss).
-    fn warn_about_unsubscribed_topics(&mut self, subscribed: &[String]) {
-        if self.last_unsubscribed_check.is_some_and(|at| at.elapsed() < UNSUBSCRIBED_CHECK_INTERVAL) {
-            return;
-        }
-        self.last_unsubscribed_check = Some(Instant::now());
-        let orphans: Vec<(String, i64)> = Spi::connect(|client| {
-            client
-                .select(UNSUBSCRIBED_TOPICS, None, &[subscribed.to_vec().into()])
-                .expect("looking for unsubscribed topics")
-                .map(|row| (row.get(1).unwrap().unwrap(), row.get(2).unwrap().unwrap()))
-                .collect()
-        });
-        let known = if subscribed.is_empty() { "none".to_string() } else { subscribed.join(", ") };
-        self.warned_about_topic.retain(|_, at| at.elapsed() < UNSUBSCRIBED_WARNING_INTERVAL);
-        for (topic, pending) in orphans {
-            if self.warned_about_topic.contains_key(&topic) {
-                continue;
+            if shutdown_requested() && !self.draining {
+                self.draining = true;
+                let slowest = self.pool.latest_deadline.unwrap_or_else(Instant::now).max(Instant::now());
+                self.drain_deadline = Some(slowest + DRAIN_GRACE);
+                self.set_state(WorkerState::Draining);
             }
-            warning!(
-                "outbox_ext: no subscription for topic \"{topic}\": {pending} message(s) left pending (topics with subscriptions: {known})"
-            );
-            self.warned_about_topic.insert(topic, Instant::now());
-        }
-    }
+            if reload_requested() {
+                // SAFETY: applies a reload in this process, as a SIGHUP asks.
+                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+                self.settings = settings::worker_settings();
+                self.next_refresh = Instant::now();
+            }
+            self.take_answers();
 
-    /// Delivers the batch on helper threads and records each message's outcome as soon as all
-    /// its endpoints have answered.
-    fn deliver(&self, settings: &WorkerSettings, endpoints: &[Endpoint], batch: Vec<Claimed>) {
-        let jobs: Vec<(usize, usize)> = batch
-            .iter()
-            .enumerate()
-            .flat_map(|(m, claimed)| claimed.endpoints.iter().map(move |&e| (m, e)))
-            .collect();
-        let mut answers: Vec<Vec<(String, Outcome)>> = vec![Vec::new(); batch.len()];
-        let mut unanswered: Vec<usize> = batch.iter().map(|c| c.endpoints.len()).collect();
-        // Messages whose subscriptions vanished between reading them and claiming: retry later.
-        let mut orphans = Vec::new();
-        for (m, claimed) in batch.iter().enumerate().filter(|(_, c)| c.endpoints.is_empty()) {
-            orphans.push((claimed, Outcome::Failed { error: "no subscription left for its topic".into(), retry_after: None }));
-            unanswered[m] = usize::MAX;
-        }
-        if !orphans.is_empty() {
-            self.record_all(&orphans);
-        }
-
-        let threads = settings.max_in_flight.min(jobs.len());
-        let next_job = AtomicUsize::new(0);
-        let in_flight = AtomicUsize::new(0);
-        let (sender, receiver) = mpsc::channel::<(usize, Outcome)>();
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                let sender = sender.clone();
-                let (jobs, next_job, in_flight, batch, agent) = (&jobs, &next_job, &in_flight, &batch, &self.agent);
-                scope.spawn(move || {
-                    block_signals_in_this_thread();
-                    loop {
-                        let j = next_job.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(m, e)) = jobs.get(j) else { break };
-                        in_flight.fetch_add(1, Ordering::Relaxed);
-                        let outcome = delivery::deliver(agent, &endpoints[e], &batch[m].message);
-                        in_flight.fetch_sub(1, Ordering::Relaxed);
-                        if sender.send((j, outcome)).is_err() {
-                            break;
+            let claiming = !self.draining && self.settings.enabled;
+            match session::transaction(|| self.step(schema, claiming)) {
+                Ok(Step::Ran { recorded, claimed }) => {
+                    self.retry_wait = FIRST_RETRY_WAIT;
+                    self.finished.clear();
+                    self.report(&recorded);
+                    for delivery in &claimed {
+                        if let Some(state) = self.endpoints.by_id.get_mut(&delivery.subscription_id) {
+                            state.in_flight += 1;
                         }
                     }
-                });
+                    let endpoints = &self.endpoints;
+                    self.pool.send(claimed, |id| endpoints.by_id[&id].endpoint.clone());
+                }
+                Ok(Step::NoExtension) => {
+                    pgrx::log!("outbox_ext: database \"{database}\" no longer has outbox_ext; its delivery worker stops");
+                    return ExitReason::NoExtension;
+                }
+                Ok(Step::WaitingForUpdate) => self.set_state(WorkerState::WaitingForUpdate),
+                Err(failure) => {
+                    pgrx::warning!("outbox_ext: a delivery step failed, trying again in {:?}: {failure}", self.retry_wait);
+                    self.retry_wait = (self.retry_wait * 2).min(MAX_RETRY_WAIT);
+                    if session::transaction(session::extension_schema).ok().flatten().is_none() {
+                        return ExitReason::NoExtension;
+                    }
+                }
             }
-            drop(sender);
+            self.publish_state(claiming);
 
-            // Main thread: the only one that talks to Postgres. It records outcomes as soon as
-            // they arrive, together with whatever else has arrived meanwhile: one transaction
-            // for one answer when the receiver is slow, one for many when it is fast.
-            let mut finished: Vec<(usize, Outcome)> = Vec::new();
-            let mut take = |(j, outcome): (usize, Outcome), finished: &mut Vec<(usize, Outcome)>| {
-                let (m, e) = jobs[j];
-                answers[m].push((endpoints[e].url.clone(), outcome));
-                unanswered[m] -= 1;
-                if unanswered[m] == 0 {
-                    finished.push((m, delivery::combine(&answers[m])));
+            if self.draining {
+                let done = self.pool.in_flight() == 0 && self.finished.is_empty();
+                if done || self.drain_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    return ExitReason::Stopped;
                 }
-            };
-            for answer in receiver.iter() {
-                take(answer, &mut finished);
-                while let Ok(answer) = receiver.try_recv() {
-                    take(answer, &mut finished);
-                }
-                if !finished.is_empty() {
-                    let outcomes: Vec<(&Claimed, Outcome)> =
-                        finished.drain(..).map(|(m, outcome)| (&batch[m], outcome)).collect();
-                    self.record_all(&outcomes);
-                }
-                let now_in_flight = in_flight.load(Ordering::Relaxed) as i32;
-                registry::update(self.slot, |s| s.in_flight = now_in_flight);
+            } else if self.settings.enabled {
+                let slot = self.slot;
+                self.housekeeping.purge_if_due(schema, self.settings.retention, || registry::must_leave_now(slot) || shutdown_requested());
             }
-        });
-        registry::update(self.slot, |s| s.in_flight = 0);
+            let woken = sleep::wait(self.pool.wake_fd(), self.sleep_time());
+            if woken.by_latch && !woken.by_answer {
+                // A producer committed (or an operator redelivered): look again at once.
+                self.next_refresh = Instant::now();
+            }
+        }
     }
 
-    /// Records the outcomes of several messages in one transaction: the deliveries with one
-    /// batch `outbox_complete`, each failure with `outbox_fail`.
-    fn record_all(&self, outcomes: &[(&Claimed, Outcome)]) {
-        let (delivered, failed): (Vec<_>, Vec<_>) =
-            outcomes.iter().partition(|(_, outcome)| matches!(outcome, Outcome::Delivered));
-        let statements = self.statements.as_ref().expect("prepared by the claim");
-        let no_longer_held = BackgroundWorker::transaction(AssertUnwindSafe(|| {
-            let mut no_longer_held = 0;
-            if !delivered.is_empty() {
-                let ids: Vec<i64> = delivered.iter().map(|(claimed, _)| claimed.id).collect();
-                let tokens: Vec<String> = delivered.iter().map(|(claimed, _)| claimed.lease_token.clone()).collect();
-                let arguments = [ids.into(), tokens.into()];
-                let completed = Spi::connect_mut(|client| {
-                    client.update(&statements.complete_batch, Some(1), &arguments)?.first().get_one::<i32>()
-                })
-                .expect("recording deliveries")
-                .unwrap_or(0);
-                no_longer_held += delivered.len() - completed as usize;
+    /// One step, in one transaction: record the answers that came back, then (unless draining)
+    /// make new deliveries and claim what the endpoints have room for.
+    fn step(&mut self, schema: pg_sys::Oid, claiming: bool) -> Step {
+        if session::extension_schema().is_none() {
+            return Step::NoExtension;
+        }
+        if !crate::spi::version_matches() {
+            return Step::WaitingForUpdate;
+        }
+        let policy = settings::retry_policy();
+        let mut spi = Spi::connect();
+        let recorded = record::record(&mut spi, schema, &self.finished, &policy, &mut self.endpoints);
+        let mut claimed = Vec::new();
+        if claiming {
+            // SAFETY: reads the clock.
+            let now = unsafe { pg_sys::GetCurrentTimestamp() };
+            if Instant::now() >= self.next_refresh {
+                self.endpoints.reload(schema, self.settings.http_timeout);
+                self.endpoints.refresh_next_due(schema);
+                self.housekeeping.warn_about_unsubscribed_topics(&mut spi, schema, &self.endpoints.topics());
+                self.next_refresh = Instant::now() + self.settings.poll_interval;
             }
-            for (claimed, outcome) in &failed {
-                let Outcome::Failed { error, retry_after } = outcome else { continue };
-                let retry_in = retry_after.map(|d| Interval::from_micros(d.as_micros() as i64));
-                let arguments =
-                    [claimed.id.into(), error.clone().into(), claimed.lease_token.clone().into(), retry_in.into()];
-                let recorded = Spi::connect_mut(|client| {
-                    client.update(&statements.fail, Some(1), &arguments)?.first().get_one::<String>()
-                })
-                .expect("recording a failed delivery");
-                no_longer_held += usize::from(recorded.is_none());
+            claim::fan_out(&mut spi, schema, &mut self.endpoints, self.settings.batch_size, now);
+            let mut budget = (self.settings.max_payload_bytes as i64 - self.pool.bytes_in_flight() as i64).max(0);
+            for (subscription_id, slots) in self.endpoints.free_slots(self.settings.max_in_flight, self.pool.in_flight()) {
+                if budget == 0 && self.pool.in_flight() + claimed.len() > 0 {
+                    break;
+                }
+                let got = claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, slots, budget, &policy, now);
+                budget -= got.iter().map(|c| c.message.body.len() as i64).sum::<i64>();
+                budget = budget.max(0);
+                claimed.extend(got);
             }
-            no_longer_held
-        }));
+        }
+        spi.finish();
+        Step::Ran { recorded, claimed }
+    }
+
+    /// Moves the answers that came back from the helper threads to `finished`.
+    fn take_answers(&mut self) {
+        for done in self.pool.take_finished() {
+            if let Some(state) = self.endpoints.by_id.get_mut(&done.subscription_id) {
+                state.in_flight = state.in_flight.saturating_sub(1);
+            }
+            self.finished.push(done);
+        }
+    }
+
+    fn report(&self, recorded: &record::Recorded) {
         registry::update(self.slot, |s| {
-            s.delivered += delivered.len() as i64;
-            s.failed += failed.len() as i64;
+            s.delivered += recorded.delivered as i64;
+            s.failed += recorded.failed as i64;
         });
-        if no_longer_held > 0 {
-            log!(
-                "outbox_ext: {no_longer_held} message(s) were no longer held when their outcome arrived (the lease ran out); they will be delivered again"
+        if recorded.no_longer_held > 0 {
+            pgrx::log!(
+                "outbox_ext: {} answer(s) came back for deliveries that no longer waited for them (redelivered meanwhile)",
+                recorded.no_longer_held
             );
         }
     }
-}
 
-/// Enabled subscriptions, and for each topic the indexes of its endpoints.
-fn load_endpoints(settings: &WorkerSettings) -> (Vec<Endpoint>, BTreeMap<String, Vec<usize>>) {
-    let mut endpoints = Vec::new();
-    let mut by_topic: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    Spi::connect(|client| {
-        let rows = client.select(LOAD_SUBSCRIPTIONS, None, &[]).expect("reading subscriptions");
-        for row in rows {
-            let topic: String = row.get(1).unwrap().unwrap();
-            let url: String = row.get(2).unwrap().unwrap();
-            let secret: Option<String> = row.get(3).unwrap();
-            let headers: Vec<String> = row.get(4).unwrap().unwrap_or_default();
-            let timeout_ms: Option<i64> = row.get(5).unwrap();
-            // Secrets were checked when subscribed; one changed behind our back is skipped
-            // (and the topic's messages wait) rather than sent unsigned.
-            let signing_key = match secret.as_deref().map(delivery::decode_secret) {
-                None => None,
-                Some(Ok(key)) => Some(key),
-                Some(Err(why)) => {
-                    warning!("outbox_ext: subscription of \"{topic}\" to {url} skipped: its secret {why}");
-                    continue;
-                }
-            };
-            by_topic.entry(topic).or_default().push(endpoints.len());
-            endpoints.push(Endpoint {
-                url,
-                signing_key,
-                headers: headers.chunks(2).map(|pair| (pair[0].clone(), pair[1].clone())).collect(),
-                timeout: timeout_ms.map(|ms| Duration::from_millis(ms as u64)).unwrap_or(settings.http_timeout),
-            });
+    fn publish_state(&self, claiming: bool) {
+        let in_flight = self.pool.in_flight() as i32;
+        let state = if self.draining {
+            WorkerState::Draining
+        } else if !self.settings.enabled {
+            WorkerState::Disabled
+        } else if in_flight > 0 {
+            WorkerState::Delivering
+        } else {
+            WorkerState::Idle
+        };
+        registry::update(self.slot, |s| {
+            s.in_flight = in_flight;
+            // SAFETY: reads the clock.
+            s.last_poll_at = unsafe { pg_sys::GetCurrentTimestamp() };
+            if s.state != WorkerState::WaitingForUpdate || claiming {
+                s.state = state;
+            }
+        });
+    }
+
+    /// How long to sleep: until the next due delivery, the next refresh, or a failed step's
+    /// retry; answers and commits wake the worker earlier.
+    fn sleep_time(&self) -> Duration {
+        if !self.finished.is_empty() {
+            // Answers wait to be recorded: a step failed.
+            return if self.draining { self.retry_wait.min(Duration::from_secs(1)) } else { self.retry_wait };
         }
-    });
-    (endpoints, by_topic)
-}
-
-/// A lease comfortably longer than the whole batch can take in the worst case (every request
-/// running into its timeout), so a slow batch is not claimed twice; and short enough that a
-/// crashed worker's messages come back soon.
-fn lease_for(settings: &WorkerSettings, endpoints: &[Endpoint], by_topic: &BTreeMap<String, Vec<usize>>) -> Interval {
-    let widest_fan_out = by_topic.values().map(Vec::len).max().unwrap_or(1);
-    let slowest = endpoints.iter().map(|e| e.timeout).max().unwrap_or(settings.http_timeout);
-    let requests = settings.batch_size as usize * widest_fan_out;
-    let rounds = requests.div_ceil(settings.max_in_flight.max(1)) as u32;
-    let lease = slowest * rounds * 2 + LEASE_MARGIN;
-    Interval::from_micros(lease.as_micros() as i64)
-}
-
-/// Helper threads must never run a Postgres signal handler: those belong to the main thread.
-fn block_signals_in_this_thread() {
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        let mut wait = self.next_refresh.saturating_duration_since(Instant::now());
+        // SAFETY: reads the clock.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        let room = self.pool.in_flight() < self.settings.max_in_flight;
+        if room && !self.draining {
+            if self.endpoints.by_id.values().any(|e| e.due_now) {
+                wait = Duration::ZERO;
+            } else if let Some(due) = self.endpoints.earliest_due() {
+                wait = wait.min(Duration::from_micros(u64::try_from(due - now).unwrap_or(0)));
+            }
+        }
+        if self.draining {
+            // Whatever is still out gives up by its timeout; look at least once a second.
+            wait = wait.min(Duration::from_secs(1));
+        }
+        wait
     }
 }
+
+// outbox_wake_worker_at_commit() RETURNS void: when this transaction commits, wake the
+// database's delivery worker, or have the launcher start one (CREATE EXTENSION, a redelivery).
+// (Its symbol keeps the name pgrx gave it until 0.3.0.)
+sql_function!(outbox_wake_worker_at_commit_wrapper, pg_finfo_outbox_wake_worker_at_commit_wrapper, |_args| {
+    registry::wake_or_start_worker_at_commit();
+    pg_sys::Datum::from(0)
+});
+
+// outbox_worker_status() RETURNS TABLE (database, pid, state, started_at, last_poll_at,
+// in_flight, delivered, failed): the delivery workers, and the databases waiting for one.
+sql_function!(outbox_worker_status_wrapper, pg_finfo_outbox_worker_status_wrapper, |args| {
+    let mut result = SetResult::begin(&args);
+    for row in registry::status() {
+        // SAFETY: get_database_name returns NULL for a database that is gone.
+        let name = unsafe { pg_sys::get_database_name(pg_sys::Oid::from(row.database_oid)) };
+        let database = (!name.is_null()).then(|| {
+            // SAFETY: a NUL-terminated name in the server's encoding.
+            crate::text::from_server(unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes())
+        });
+        let timestamp = |t: Option<pg_sys::TimestampTz>| t.map(pg_sys::Datum::from);
+        result.push_values(&[
+            database.map(|d| crate::text::to_datum(&d)),
+            row.pid.into_datum(),
+            Some(crate::text::to_datum(&row.state)),
+            timestamp(row.started_at),
+            timestamp(row.last_poll_at),
+            row.in_flight.into_datum(),
+            row.delivered.into_datum(),
+            row.failed.into_datum(),
+        ]);
+    }
+    result.finish()
+});

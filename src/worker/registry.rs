@@ -1,5 +1,6 @@
-//! The workers' shared-memory registry: where each delivery worker's latch is (so a committing
-//! producer can wake it) and what it has been doing (for `outbox_worker_status()`).
+//! The delivery workers' shared memory: one slot per running worker (its database, its latch so
+//! a committing producer can wake it, what it is doing for `outbox_worker_status()`), the
+//! launcher's latch and the databases it was told about or could not serve.
 //!
 //! It exists only when the library is preloaded; without it, waking is a no-op and the status
 //! function returns no rows.
@@ -8,32 +9,63 @@ use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// At most this many workers (databases) are started.
-pub const MAX_WORKERS: usize = 8;
+/// Slots for workers: `outbox.max_workers` may be set up to this.
+pub const SLOTS: usize = 64;
+/// Databases the launcher can report as waiting for a worker.
+const WAITING: usize = 64;
+/// Databases announced by CREATE / ALTER EXTENSION, not yet seen by the launcher.
+const ANNOUNCED: usize = 64;
+/// Databases whose worker must stay away for a while (DROP DATABASE and the like).
+const PAUSED: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(u8)]
 pub enum WorkerState {
     #[default]
     Starting,
-    /// The database has no `outbox_ext` extension (yet).
-    WaitingForExtension,
     /// `outbox.worker_enabled` is off.
     Disabled,
     Idle,
     Delivering,
+    /// SIGTERM, DROP EXTENSION: finishing what is in flight.
+    Draining,
+    /// The database's extension is older than the library.
+    WaitingForUpdate,
 }
 
 impl WorkerState {
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             WorkerState::Starting => "starting",
-            WorkerState::WaitingForExtension => "waiting for CREATE EXTENSION outbox_ext",
             WorkerState::Disabled => "disabled (outbox.worker_enabled = off)",
             WorkerState::Idle => "idle",
             WorkerState::Delivering => "delivering",
+            WorkerState::Draining => "stopping: finishing the requests in flight",
+            WorkerState::WaitingForUpdate => "waiting for ALTER EXTENSION outbox_ext UPDATE",
         }
     }
+}
+
+/// Why a worker ended, for the launcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum ExitReason {
+    /// It did not say (it crashed, or never got to run).
+    #[default]
+    Unknown,
+    /// The database has no outbox_ext (never had, or DROP EXTENSION).
+    NoExtension,
+    /// Asked to stop (SIGTERM, the launcher, a paused database).
+    Stopped,
+}
+
+/// Why a database has no worker although it should.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum WaitReason {
+    #[default]
+    MaxWorkers,
+    NoBackgroundWorkerSlot,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -49,15 +81,57 @@ pub struct Slot {
     pub delivered: i64,
     pub failed: i64,
     pub state: WorkerState,
+    /// Set by another process: leave at once, abandoning what is in flight.
+    pub leave_now: bool,
+    /// Set by the worker as it exits; read (and reset) by the launcher.
+    pub exit_reason: ExitReason,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Registry {
-    slots: [Slot; MAX_WORKERS],
+struct Waiting {
+    database_oid: u32,
+    reason: WaitReason,
 }
 
+#[derive(Debug, Clone, Copy, Default)]
+struct Paused {
+    database_oid: u32,
+    until: pg_sys::TimestampTz,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Registry {
+    launcher_latch: usize,
+    slots: [Slot; SLOTS],
+    waiting: [Waiting; WAITING],
+    waiting_count: usize,
+    announced: [u32; ANNOUNCED],
+    announced_count: usize,
+    /// More databases were announced than fit: the launcher looks at all of them again.
+    announced_overflow: bool,
+    paused: [Paused; PAUSED],
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            launcher_latch: 0,
+            slots: [Slot::default(); SLOTS],
+            waiting: [Waiting::default(); WAITING],
+            waiting_count: 0,
+            announced: [0; ANNOUNCED],
+            announced_count: 0,
+            announced_overflow: false,
+            paused: [Paused::default(); PAUSED],
+        }
+    }
+}
+
+// SAFETY: the registry is plain data (no pointers into process memory; latches are shared
+// memory addresses valid in every process of the cluster).
 unsafe impl PGRXSharedMemory for Registry {}
 
+// SAFETY: the name is unique to this extension.
 static REGISTRY: PgLwLock<Registry> = unsafe { PgLwLock::new(c"outbox_ext_worker_registry") };
 /// Set in the postmaster while preloading; inherited by every process it forks.
 static IN_SHARED_MEMORY: AtomicBool = AtomicBool::new(false);
@@ -68,25 +142,116 @@ pub fn init() {
     IN_SHARED_MEMORY.store(true, Ordering::Relaxed);
 }
 
-/// Claims `slot` for the calling worker until it exits, however it exits.
+pub fn available() -> bool {
+    IN_SHARED_MEMORY.load(Ordering::Relaxed)
+}
+
+fn my_latch() -> usize {
+    // SAFETY: MyLatch is set for every process attached to shared memory.
+    unsafe { pg_sys::MyLatch as usize }
+}
+
+fn set_latch(latch: usize) {
+    if latch != 0 {
+        // SAFETY: a PGPROC latch in shared memory (see Slot::latch).
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}
+
+fn now() -> pg_sys::TimestampTz {
+    // SAFETY: reads the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+// ---- the launcher ----------------------------------------------------------------------
+
+/// The launcher registers its latch, to be woken by announcements and by workers' exits.
+pub fn attach_launcher() {
+    REGISTRY.exclusive().launcher_latch = my_latch();
+}
+
+/// Databases announced since the last call (and whether some were lost to overflow).
+pub fn take_announced() -> (Vec<u32>, bool) {
+    let mut registry = REGISTRY.exclusive();
+    let taken = registry.announced[..registry.announced_count].to_vec();
+    let overflow = registry.announced_overflow;
+    registry.announced_count = 0;
+    registry.announced_overflow = false;
+    (taken, overflow)
+}
+
+/// Publishes the databases that should have a worker but have none, and why.
+pub fn set_waiting(databases: &[(u32, WaitReason)]) {
+    let mut registry = REGISTRY.exclusive();
+    let count = databases.len().min(WAITING);
+    for (entry, &(database_oid, reason)) in registry.waiting.iter_mut().zip(databases) {
+        *entry = Waiting { database_oid, reason };
+    }
+    registry.waiting_count = count;
+}
+
+/// Claims a free slot for a new worker of `database_oid`; `None` when all are taken.
+pub fn reserve_slot(database_oid: u32) -> Option<usize> {
+    let mut registry = REGISTRY.exclusive();
+    let free = registry.slots.iter().position(|s| s.database_oid == 0)?;
+    registry.slots[free] = Slot { database_oid, ..Slot::default() };
+    Some(free)
+}
+
+/// Frees a slot whose worker has ended; returns why it ended.
+pub fn release_slot(slot: usize) -> ExitReason {
+    let mut registry = REGISTRY.exclusive();
+    let reason = registry.slots[slot].exit_reason;
+    registry.slots[slot] = Slot::default();
+    reason
+}
+
+/// Asks the worker in `slot` to leave at once.
+pub fn ask_to_leave(slot: usize) {
+    let mut registry = REGISTRY.exclusive();
+    registry.slots[slot].leave_now = true;
+    set_latch(registry.slots[slot].latch);
+}
+
+/// Whether `database_oid`'s worker must stay away now.
+pub fn is_paused(database_oid: u32) -> bool {
+    let registry = REGISTRY.share();
+    let now = now();
+    registry.paused.iter().any(|p| p.database_oid == database_oid && p.until > now)
+}
+
+// ---- a worker --------------------------------------------------------------------------
+
+/// The calling worker takes `slot` (reserved for it by the launcher) until it exits, however
+/// it exits.
 pub fn attach(slot: usize) {
     let mut registry = REGISTRY.exclusive();
-    registry.slots[slot] = Slot {
-        database_oid: unsafe { pg_sys::MyDatabaseId }.to_u32(),
-        pid: unsafe { pg_sys::MyProcPid },
-        latch: unsafe { pg_sys::MyLatch } as usize,
-        started_at: unsafe { pg_sys::GetCurrentTimestamp() },
-        ..Slot::default()
-    };
+    let entry = &mut registry.slots[slot];
+    // SAFETY: reads process globals.
+    unsafe {
+        entry.pid = pg_sys::MyProcPid;
+    }
+    entry.latch = my_latch();
+    entry.started_at = now();
+    entry.exit_reason = ExitReason::Unknown;
     drop(registry);
+    // SAFETY: registers a callback with an integer argument; it runs in this process.
     unsafe { pg_sys::before_shmem_exit(Some(detach_on_exit), pg_sys::Datum::from(slot)) };
 }
 
-/// Frees the worker's slot on the way out (a clean stop, or an ERROR that ends the worker), so
-/// the status shows no ghost and no producer sets a latch that is no longer the worker's.
-#[pg_guard]
+/// Clears the worker's presence on the way out (a clean stop, or an ERROR that ends it), so
+/// that no producer sets a latch that is no longer the worker's; the database and the exit
+/// reason stay for the launcher, which frees the slot.
+#[pgrx::pg_guard]
 unsafe extern "C-unwind" fn detach_on_exit(_code: std::ffi::c_int, slot: pg_sys::Datum) {
-    REGISTRY.exclusive().slots[slot.value()] = Slot::default();
+    let mut registry = REGISTRY.exclusive();
+    let entry = &mut registry.slots[slot.value()];
+    entry.pid = 0;
+    entry.latch = 0;
+    entry.in_flight = 0;
+    let launcher = registry.launcher_latch;
+    drop(registry);
+    set_latch(launcher);
 }
 
 /// Updates the calling worker's slot.
@@ -94,95 +259,174 @@ pub fn update(slot: usize, change: impl FnOnce(&mut Slot)) {
     change(&mut REGISTRY.exclusive().slots[slot]);
 }
 
-/// Sets the latch of every worker serving `database_oid`.
-fn wake_workers_of(database_oid: u32) {
-    let registry = REGISTRY.share();
-    for slot in registry.slots.iter().filter(|s| s.pid != 0 && s.database_oid == database_oid) {
-        unsafe { pg_sys::SetLatch(slot.latch as *mut pg_sys::Latch) };
-    }
+/// Whether another process asked the worker in `slot` to leave at once.
+pub fn must_leave_now(slot: usize) -> bool {
+    REGISTRY.share().slots[slot].leave_now
 }
 
-/// Whether this transaction has enqueued something a worker should hear about at commit.
+// ---- wake-ups ----------------------------------------------------------------------------
+
+/// Whether this transaction owes a wake-up at commit, and whether it may ask the launcher.
 static WAKE_AT_COMMIT: AtomicBool = AtomicBool::new(false);
+static ANNOUNCE_AT_COMMIT: AtomicBool = AtomicBool::new(false);
 static CALLBACK_REGISTERED: AtomicBool = AtomicBool::new(false);
 
-#[pg_guard]
+#[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
         // The commit is visible to other sessions by now: the woken worker will see the rows.
         pg_sys::XactEvent::XACT_EVENT_COMMIT => {
+            let announce = ANNOUNCE_AT_COMMIT.swap(false, Ordering::Relaxed);
             if WAKE_AT_COMMIT.swap(false, Ordering::Relaxed) {
-                wake_workers_of(unsafe { pg_sys::MyDatabaseId }.to_u32());
+                // SAFETY: reads a backend global.
+                wake_workers_of(unsafe { pg_sys::MyDatabaseId }.to_u32(), announce);
             }
         }
         pg_sys::XactEvent::XACT_EVENT_ABORT
         | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
-        | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT => WAKE_AT_COMMIT.store(false, Ordering::Relaxed),
+        | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT => {
+            WAKE_AT_COMMIT.store(false, Ordering::Relaxed);
+            ANNOUNCE_AT_COMMIT.store(false, Ordering::Relaxed);
+        }
         _ => {}
     }
 }
 
-/// Called by `outbox_enqueue`: when this transaction commits, wake the database's delivery
-/// worker(s) so an idle worker does not wait for its next poll.
-#[pg_extern(volatile, parallel_unsafe)]
-fn outbox_wake_worker_at_commit() {
-    wake_worker_at_commit();
+/// Sets the latch of `database_oid`'s worker. Without one, and when `announce` is set, tells
+/// the launcher about the database (it starts a worker if the database has the extension).
+fn wake_workers_of(database_oid: u32, announce: bool) {
+    let registry = REGISTRY.share();
+    let workers: Vec<usize> =
+        registry.slots.iter().filter(|s| s.pid != 0 && s.database_oid == database_oid).map(|s| s.latch).collect();
+    drop(registry);
+    if !workers.is_empty() {
+        workers.into_iter().for_each(set_latch);
+        return;
+    }
+    if announce {
+        let mut registry = REGISTRY.exclusive();
+        let count = registry.announced_count;
+        if !registry.announced[..count].contains(&database_oid) {
+            if count < ANNOUNCED {
+                registry.announced[count] = database_oid;
+                registry.announced_count += 1;
+            } else {
+                registry.announced_overflow = true;
+            }
+        }
+        set_latch(registry.launcher_latch);
+    }
 }
 
-/// The body of `outbox_wake_worker_at_commit`, for callers in Rust.
+/// When this transaction commits, wake the database's delivery worker (a producer's enqueue).
 pub fn wake_worker_at_commit() {
-    if !IN_SHARED_MEMORY.load(Ordering::Relaxed) {
+    at_commit(false);
+}
+
+/// When this transaction commits, wake the database's delivery worker, or have the launcher
+/// start one (CREATE EXTENSION, ALTER EXTENSION UPDATE, a redelivery).
+pub fn wake_or_start_worker_at_commit() {
+    at_commit(true);
+}
+
+fn at_commit(announce: bool) {
+    if !available() {
         return; // not preloaded: there is no worker to wake
     }
     if !CALLBACK_REGISTERED.swap(true, Ordering::Relaxed) {
+        // SAFETY: registers a transaction callback for the rest of the session.
         unsafe { pg_sys::RegisterXactCallback(Some(on_transaction_end), std::ptr::null_mut()) };
     }
     WAKE_AT_COMMIT.store(true, Ordering::Relaxed);
-}
-
-fn timestamp(value: pg_sys::TimestampTz) -> Option<TimestampWithTimeZone> {
-    if value == 0 {
-        None
-    } else {
-        TimestampWithTimeZone::try_from(value).ok()
+    if announce {
+        ANNOUNCE_AT_COMMIT.store(true, Ordering::Relaxed);
     }
 }
 
-/// What each delivery worker is doing: one row per running worker.
-#[pg_extern(volatile, parallel_unsafe)]
-fn outbox_worker_status() -> TableIterator<
-    'static,
-    (
-        name!(database, Option<String>),
-        name!(pid, i32),
-        name!(state, String),
-        name!(started_at, Option<TimestampWithTimeZone>),
-        name!(last_poll_at, Option<TimestampWithTimeZone>),
-        name!(in_flight, i32),
-        name!(delivered, i64),
-        name!(failed, i64),
-    ),
-> {
-    if !IN_SHARED_MEMORY.load(Ordering::Relaxed) {
-        return TableIterator::new(Vec::new());
+// ---- pausing a database's worker (DROP DATABASE and the like) -------------------------------
+
+/// Keeps `database_oid`'s worker away for up to `seconds` (until [`resume`]), asks a running one
+/// to leave at once, and waits (up to 5 s) until it has.
+pub fn pause(database_oid: u32, seconds: i64) {
+    let mut registry = REGISTRY.exclusive();
+    let until = now() + seconds * 1_000_000;
+    let index = registry
+        .paused
+        .iter()
+        .position(|p| p.database_oid == database_oid)
+        .or_else(|| registry.paused.iter().position(|p| p.until < now()));
+    if let Some(index) = index {
+        registry.paused[index] = Paused { database_oid, until };
     }
-    let slots: Vec<Slot> = REGISTRY.share().slots.iter().filter(|s| s.pid != 0).copied().collect();
-    let rows: Vec<_> = slots
-        .into_iter()
-        .map(|slot| {
-            let name = unsafe { pg_sys::get_database_name(pg_sys::Oid::from(slot.database_oid)) };
-            let database = (!name.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned());
-            (
-                database,
-                slot.pid,
-                slot.state.label().to_string(),
-                timestamp(slot.started_at),
-                timestamp(slot.last_poll_at),
-                slot.in_flight,
-                slot.delivered,
-                slot.failed,
-            )
-        })
-        .collect();
-    TableIterator::new(rows)
+    let running: Vec<usize> = (0..SLOTS).filter(|&i| registry.slots[i].database_oid == database_oid && registry.slots[i].pid != 0).collect();
+    for &slot in &running {
+        registry.slots[slot].leave_now = true;
+        set_latch(registry.slots[slot].latch);
+    }
+    drop(registry);
+    for _ in 0..500 {
+        if !REGISTRY.share().slots.iter().any(|s| s.database_oid == database_oid && s.pid != 0) {
+            break;
+        }
+        // SAFETY: sleeps 10 ms; checks for interrupts (a cancelled DROP DATABASE).
+        unsafe {
+            pg_sys::pg_usleep(10_000);
+            pg_sys::check_for_interrupts!();
+        }
+    }
+}
+
+/// Lets `database_oid` have a worker again.
+pub fn resume(database_oid: u32) {
+    let mut registry = REGISTRY.exclusive();
+    for paused in registry.paused.iter_mut().filter(|p| p.database_oid == database_oid) {
+        *paused = Paused::default();
+    }
+    set_latch(registry.launcher_latch);
+}
+
+// ---- what outbox_worker_status() shows --------------------------------------------------------
+
+/// A row of `outbox_worker_status()`.
+pub struct StatusRow {
+    pub database_oid: u32,
+    pub pid: Option<i32>,
+    pub state: String,
+    pub started_at: Option<pg_sys::TimestampTz>,
+    pub last_poll_at: Option<pg_sys::TimestampTz>,
+    pub in_flight: i32,
+    pub delivered: i64,
+    pub failed: i64,
+}
+
+pub fn status() -> Vec<StatusRow> {
+    if !available() {
+        return Vec::new();
+    }
+    let registry = REGISTRY.share();
+    let nonzero = |t: pg_sys::TimestampTz| (t != 0).then_some(t);
+    let running = registry.slots.iter().filter(|s| s.pid != 0).map(|s| StatusRow {
+        database_oid: s.database_oid,
+        pid: Some(s.pid),
+        state: s.state.label().to_string(),
+        started_at: nonzero(s.started_at),
+        last_poll_at: nonzero(s.last_poll_at),
+        in_flight: s.in_flight,
+        delivered: s.delivered,
+        failed: s.failed,
+    });
+    let waiting = registry.waiting[..registry.waiting_count].iter().map(|w| StatusRow {
+        database_oid: w.database_oid,
+        pid: None,
+        state: match w.reason {
+            WaitReason::MaxWorkers => "waiting: outbox.max_workers workers are running".to_string(),
+            WaitReason::NoBackgroundWorkerSlot => "waiting: no background worker slot (max_worker_processes)".to_string(),
+        },
+        started_at: None,
+        last_poll_at: None,
+        in_flight: 0,
+        delivered: 0,
+        failed: 0,
+    });
+    running.chain(waiting).collect()
 }

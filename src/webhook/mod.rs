@@ -1,7 +1,8 @@
-//! Delivering one message to one endpoint over HTTP, and what the answer means.
+//! A webhook: one message sent to one endpoint over HTTP with the Standard Webhooks headers, and
+//! what the answer means.
 //!
-//! Nothing here touches Postgres: the worker runs `deliver` on helper threads and records the
-//! returned `Outcome` from its main thread. Signing and the classification of answers are pure
+//! Nothing here touches Postgres: the worker runs `send` on its helper threads and records the
+//! returned `Answer` from its main thread. Signing and the classification of answers are pure
 //! functions with plain unit tests.
 
 mod resolver;
@@ -31,13 +32,22 @@ pub struct Endpoint {
     pub timeout: Duration,
 }
 
-/// What is sent: the parts of an outbox row a receiver sees.
+/// What is sent: the parts of an outbox row a receiver sees. `body` is the payload as JSON in
+/// UTF-8 (converted from the database's encoding by the query that read it).
 #[derive(Debug, Clone)]
 pub struct Message {
     pub public_id: String,
     pub topic: String,
-    pub payload: String,
+    pub body: Vec<u8>,
     pub attempt: i32,
+}
+
+/// What came back from one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub outcome: Outcome,
+    /// The HTTP status, when an answer came at all.
+    pub http_status: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -47,9 +57,10 @@ pub enum Outcome {
 }
 
 /// The Standard Webhooks signature: `v1,` + base64(HMAC-SHA256(key, "id.timestamp.body")).
-pub fn sign(key: &[u8], message_id: &str, timestamp: u64, body: &str) -> String {
+pub fn sign(key: &[u8], message_id: &str, timestamp: u64, body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes keys of any length");
-    mac.update(format!("{message_id}.{timestamp}.{body}").as_bytes());
+    mac.update(format!("{message_id}.{timestamp}.").as_bytes());
+    mac.update(body);
     format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()))
 }
 
@@ -149,7 +160,7 @@ pub fn new_agent(pool_per_host: usize) -> ureq::Agent {
 
 /// POSTs `message` to `endpoint` with the Standard Webhooks headers. Every wait is bounded by
 /// the endpoint's timeout (connect, send, response and body together).
-pub fn deliver(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Outcome {
+pub fn send(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Answer {
     let now = SystemTime::now();
     let timestamp = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let mut request = agent
@@ -163,12 +174,12 @@ pub fn deliver(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> O
         .header("outbox-topic", &message.topic)
         .header("outbox-attempt", message.attempt.to_string());
     if let Some(key) = &endpoint.signing_key {
-        request = request.header("webhook-signature", sign(key, &message.public_id, timestamp, &message.payload));
+        request = request.header("webhook-signature", sign(key, &message.public_id, timestamp, &message.body));
     }
     for (name, value) in &endpoint.headers {
         request = request.header(name, value);
     }
-    match request.send(message.payload.as_str()) {
+    match request.send(message.body.as_slice()) {
         Ok(mut response) => {
             let status = response.status().as_u16();
             let retry_after = response
@@ -184,38 +195,11 @@ pub fn deliver(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> O
             } else {
                 String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_BYTES)]).into_owned()
             };
-            classify_status(status, retry_after.as_deref(), &body_start, now)
+            Answer { outcome: classify_status(status, retry_after.as_deref(), &body_start, now), http_status: Some(status) }
         }
-        Err(error) => Outcome::Failed {
-            error: describe_transport_error(&error, endpoint.timeout),
-            retry_after: None,
-        },
-    }
-}
-
-/// What the worker records for a message sent to several endpoints: delivered when every
-/// endpoint took it; otherwise failed with each endpoint's error and the longest Retry-After.
-pub fn combine(outcomes: &[(String, Outcome)]) -> Outcome {
-    let failures: Vec<_> = outcomes
-        .iter()
-        .filter_map(|(url, outcome)| match outcome {
-            Outcome::Delivered => None,
-            Outcome::Failed { error, retry_after } => Some((url, error, retry_after)),
-        })
-        .collect();
-    match failures.as_slice() {
-        [] => Outcome::Delivered,
-        [(_, error, retry_after)] if outcomes.len() == 1 => Outcome::Failed {
-            error: (*error).clone(),
-            retry_after: **retry_after,
-        },
-        many => Outcome::Failed {
-            error: many
-                .iter()
-                .map(|(url, error, _)| format!("{url}: {error}"))
-                .collect::<Vec<_>>()
-                .join("; "),
-            retry_after: many.iter().filter_map(|(_, _, r)| **r).max(),
+        Err(error) => Answer {
+            outcome: Outcome::Failed { error: describe_transport_error(&error, endpoint.timeout), retry_after: None },
+            http_status: None,
         },
     }
 }
@@ -232,7 +216,7 @@ mod unit_tests {
             &key,
             "msg_p5jXN8AQM9LWM0D4loKWxJek",
             1614265330,
-            r#"{"test": 2432232314}"#,
+            br#"{"test": 2432232314}"#,
         );
         assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
     }
@@ -278,22 +262,6 @@ mod unit_tests {
         assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("99999999", now), Some(MAX_RETRY_AFTER));
-    }
-
-    #[test]
-    fn combines_endpoint_outcomes() {
-        let ok = Outcome::Delivered;
-        let busy = Outcome::Failed { error: "HTTP 503".into(), retry_after: Some(Duration::from_secs(5)) };
-        let slow = Outcome::Failed { error: "timeout after 5s".into(), retry_after: None };
-        assert_eq!(combine(&[("a".into(), ok.clone())]), Outcome::Delivered);
-        assert_eq!(combine(&[("a".into(), busy.clone())]), busy);
-        assert_eq!(
-            combine(&[("a".into(), ok), ("b".into(), busy), ("c".into(), slow)]),
-            Outcome::Failed {
-                error: "b: HTTP 503; c: timeout after 5s".into(),
-                retry_after: Some(Duration::from_secs(5))
-            }
-        );
     }
 
     #[test]

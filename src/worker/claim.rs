@@ -1,0 +1,107 @@
+//! Claim, the worker's first step: pick up ready messages of the topics it delivers and make
+//! their deliveries (one per endpoint), then lease each endpoint's due deliveries, as many as
+//! its share of the in-flight slots allows, for one request each. A delivery out of attempts
+//! is dead-lettered here instead (policy.rs decides, as for `outbox_claim`).
+
+use super::endpoints::{Endpoints, LEASE_MARGIN};
+use crate::interval;
+use crate::policy::RetryPolicy;
+use crate::spi::{Spi, Statement};
+use crate::webhook::Message;
+use pgrx::datum::IntoDatum;
+use pgrx::pg_sys::{self, BuiltinOid::*};
+use std::sync::Arc;
+
+static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID]);
+static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID]);
+static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
+static LEASE: Statement =
+    Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, INT8OID]);
+static RELEASE_LEASES: Statement = Statement::new(include_str!("release_leases.sql"), &[]);
+
+/// A delivery leased for one request.
+pub struct Claimed {
+    pub message_id: i64,
+    pub subscription_id: i64,
+    pub message: Arc<Message>,
+}
+
+/// Makes the deliveries of ready messages of the delivered topics; marks the endpoints that got
+/// some as due. Returns how many endpoints got new deliveries.
+pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, batch: i32, now: pg_sys::TimestampTz) -> usize {
+    let topics = endpoints.topics();
+    if topics.is_empty() {
+        return 0;
+    }
+    let rows = spi.execute(&FAN_OUT, schema, &[Some(pg_sys::Datum::from(now)), topics.into_datum(), batch.into_datum()]);
+    let touched: Vec<i64> = (0..rows.len()).filter_map(|row| rows.get(row, 1)).collect();
+    for id in &touched {
+        if let Some(state) = endpoints.by_id.get_mut(id) {
+            state.due_now = true;
+        }
+    }
+    touched.len()
+}
+
+/// Leases up to `slots` due deliveries of endpoint `subscription_id`, within `byte_budget`
+/// bytes of payload (the first always); dead-letters those out of attempts.
+pub fn claim_for_endpoint(
+    spi: &mut Spi,
+    schema: pg_sys::Oid,
+    endpoints: &mut Endpoints,
+    subscription_id: i64,
+    slots: usize,
+    byte_budget: i64,
+    policy: &RetryPolicy,
+    now: pg_sys::TimestampTz,
+) -> Vec<Claimed> {
+    let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
+    let locked = spi.execute(&LOCK, schema, &[subscription_id.into_datum(), Some(pg_sys::Datum::from(now)), (slots as i32).into_datum()]);
+    let rows: Vec<(i64, i32)> = (0..locked.len()).map(|r| (locked.get(r, 1).expect("message"), locked.get(r, 2).expect("attempts"))).collect();
+    if rows.len() < slots {
+        // Nothing more is due now; the next refresh (or a recorded failure) says when.
+        state.due_now = false;
+        state.next_due = None;
+    }
+    let (exhausted, live): (Vec<(i64, i32)>, Vec<(i64, i32)>) = rows.into_iter().partition(|&(_, attempts)| policy.is_exhausted(attempts));
+    if !exhausted.is_empty() {
+        let ids: Vec<i64> = exhausted.iter().map(|&(id, _)| id).collect();
+        let reasons: Vec<String> = exhausted.iter().map(|&(_, attempts)| policy.exhausted_reason(attempts, true)).collect();
+        spi.execute(&DEAD_LETTER, schema, &[subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()]);
+    }
+    if live.is_empty() {
+        return Vec::new();
+    }
+    let ids: Vec<i64> = live.iter().map(|&(id, _)| id).collect();
+    let lease = interval::from_duration(state.endpoint.timeout + LEASE_MARGIN);
+    let leased = spi.execute(
+        &LEASE,
+        schema,
+        &[subscription_id.into_datum(), ids.into_datum(), Some(pg_sys::Datum::from(now)), lease.into_datum(), byte_budget.into_datum()],
+    );
+    let claimed: Vec<Claimed> = (0..leased.len())
+        .map(|row| Claimed {
+            message_id: leased.get(row, 1).expect("message"),
+            subscription_id,
+            message: Arc::new(Message {
+                attempt: leased.get(row, 2).expect("attempt"),
+                public_id: leased.get_text(row, 3).expect("public_id"),
+                topic: leased.get_text(row, 4).expect("topic"),
+                body: leased.get_bytes(row, 5).expect("body"),
+            }),
+        })
+        .collect();
+    if claimed.len() < live.len() {
+        // The byte budget is spent: the rest waits for the next round.
+        state.due_now = true;
+    }
+    claimed
+}
+
+/// A new worker makes every delivery its predecessor leased due again (in a transaction).
+pub fn release_predecessors_leases(schema: pg_sys::Oid) -> usize {
+    let mut spi = Spi::connect();
+    let released = spi.execute(&RELEASE_LEASES, schema, &[]).len();
+    spi.finish();
+    released
+}

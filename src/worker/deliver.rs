@@ -1,0 +1,200 @@
+//! Deliver, the worker's second step: requests in flight. A pool of helper threads sends the
+//! claimed deliveries over HTTP, each request on its own (one slow endpoint holds only the
+//! threads of its own requests). The threads never call into PostgreSQL: they hand each
+//! answer back through a channel and wake the main thread through an eventfd it waits on
+//! beside its latch.
+
+use super::claim::Claimed;
+use crate::webhook::{self, Answer, Endpoint, Message};
+use std::os::fd::RawFd;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// One request to make.
+struct Job {
+    message_id: i64,
+    subscription_id: i64,
+    endpoint: Arc<Endpoint>,
+    message: Arc<Message>,
+}
+
+/// One request made.
+pub struct Finished {
+    pub message_id: i64,
+    pub subscription_id: i64,
+    pub attempt: i32,
+    pub started_at: SystemTime,
+    pub duration: Duration,
+    pub answer: Answer,
+    /// The payload's size, released from the pool's byte count.
+    body_bytes: usize,
+}
+
+pub struct Pool {
+    jobs: Option<Sender<Job>>,
+    results: Receiver<Finished>,
+    /// Written by a helper thread for each answer; the main thread waits on it.
+    wake_fd: RawFd,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    in_flight: usize,
+    /// Payload bytes of the requests in flight.
+    bytes_in_flight: usize,
+    /// When the last request in flight gives up at the latest.
+    pub latest_deadline: Option<Instant>,
+}
+
+impl Pool {
+    /// Starts `threads` helper threads sharing one HTTP client (connections kept alive).
+    pub fn start(threads: usize) -> Pool {
+        // SAFETY: creates a non-blocking eventfd owned by this process.
+        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(wake_fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+        let (jobs, queue) = channel::<Job>();
+        let (answers, results) = channel::<Finished>();
+        let queue = Arc::new(Mutex::new(queue));
+        let agent = webhook::new_agent(threads);
+        let handles = (0..threads)
+            .map(|_| {
+                let (queue, answers, agent) = (Arc::clone(&queue), answers.clone(), agent.clone());
+                spawn_with_signals_blocked(move || helper(queue, answers, agent, wake_fd))
+            })
+            .collect();
+        Pool { jobs: Some(jobs), results, wake_fd, threads: handles, in_flight: 0, bytes_in_flight: 0, latest_deadline: None }
+    }
+
+    pub fn wake_fd(&self) -> RawFd {
+        self.wake_fd
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    pub fn bytes_in_flight(&self) -> usize {
+        self.bytes_in_flight
+    }
+
+    /// Hands `claimed` deliveries to the helper threads.
+    pub fn send(&mut self, claimed: Vec<Claimed>, endpoint_of: impl Fn(i64) -> Arc<Endpoint>) {
+        let jobs = self.jobs.as_ref().expect("the pool is running");
+        for delivery in claimed {
+            let endpoint = endpoint_of(delivery.subscription_id);
+            let deadline = Instant::now() + endpoint.timeout;
+            self.latest_deadline = Some(self.latest_deadline.map_or(deadline, |d| d.max(deadline)));
+            self.in_flight += 1;
+            self.bytes_in_flight += delivery.message.body.len();
+            let job = Job { message_id: delivery.message_id, subscription_id: delivery.subscription_id, endpoint, message: delivery.message };
+            jobs.send(job).expect("the helper threads are running");
+        }
+    }
+
+    /// The answers that have come back since the last call (never waits).
+    pub fn take_finished(&mut self) -> Vec<Finished> {
+        let mut counter = 0u64;
+        // SAFETY: reads (and so resets) the eventfd's counter; non-blocking.
+        unsafe { libc::read(self.wake_fd, (&raw mut counter).cast(), 8) };
+        let finished: Vec<Finished> = self.results.try_iter().collect();
+        for done in &finished {
+            self.in_flight -= 1;
+            self.bytes_in_flight = self.bytes_in_flight.saturating_sub(done.body_bytes);
+        }
+        if self.in_flight == 0 {
+            self.latest_deadline = None;
+            self.bytes_in_flight = 0;
+        }
+        finished
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Closing the queue ends the helpers once their requests are done; a worker that
+        // leaves at once does not wait for them (the process exit ends them).
+        self.jobs = None;
+        // SAFETY: closes our eventfd.
+        unsafe { libc::close(self.wake_fd) };
+        self.threads.clear();
+    }
+}
+
+fn helper(queue: Arc<Mutex<Receiver<Job>>>, answers: Sender<Finished>, agent: ureq::Agent, wake_fd: RawFd) {
+    loop {
+        // One job at a time per thread; the lock is held only to take it.
+        let job = match queue.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+            Ok(job) => job,
+            Err(_) => return, // the pool is gone
+        };
+        let started_at = SystemTime::now();
+        let clock = Instant::now();
+        let answer = webhook::send(&agent, &job.endpoint, &job.message);
+        let finished = Finished {
+            message_id: job.message_id,
+            subscription_id: job.subscription_id,
+            attempt: job.message.attempt,
+            started_at,
+            duration: clock.elapsed(),
+            answer,
+            body_bytes: job.message.body.len(),
+        };
+        if answers.send(finished).is_err() {
+            return;
+        }
+        let one = 1u64;
+        // SAFETY: writes 8 bytes to the eventfd (it may be closed already when the worker is
+        // leaving: the write then fails harmlessly).
+        unsafe { libc::write(wake_fd, (&raw const one).cast(), 8) };
+    }
+}
+
+/// Starts a thread that can never run a PostgreSQL signal handler (those belong to the main
+/// thread): every signal is blocked in this thread before the new one starts, so it begins
+/// life with them blocked, and this thread's mask is restored right after.
+pub fn spawn_with_signals_blocked<F: FnOnce() + Send + 'static>(body: F) -> std::thread::JoinHandle<()> {
+    // SAFETY: pthread_sigmask on the calling thread with valid sets.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut previous: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous);
+        let handle = std::thread::Builder::new().name("outbox-http".into()).spawn(body);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
+        handle.expect("starting a helper thread")
+    }
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+
+    fn blocked_signals() -> libc::sigset_t {
+        // SAFETY: reads the calling thread's mask.
+        unsafe {
+            let mut current: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut current);
+            current
+        }
+    }
+
+    #[test]
+    fn a_helper_thread_starts_with_every_signal_blocked_and_the_parent_keeps_its_mask() {
+        let before = blocked_signals();
+        // SAFETY: sigismember on a valid set.
+        let parent_had_sigterm_blocked = unsafe { libc::sigismember(&before, libc::SIGTERM) } == 1;
+        let (tell, told) = std::sync::mpsc::channel();
+        spawn_with_signals_blocked(move || {
+            let mask = blocked_signals();
+            // SAFETY: sigismember on a valid set.
+            let blocked = [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGINT, libc::SIGALRM]
+                .iter()
+                .all(|&signal| unsafe { libc::sigismember(&mask, signal) } == 1);
+            tell.send(blocked).unwrap();
+        })
+        .join()
+        .unwrap();
+        assert!(told.recv().unwrap(), "the helper thread could receive a signal");
+        let after = blocked_signals();
+        // SAFETY: sigismember on a valid set.
+        assert_eq!(unsafe { libc::sigismember(&after, libc::SIGTERM) } == 1, parent_had_sigterm_blocked);
+    }
+}

@@ -1,0 +1,101 @@
+//! Statements that need a database without connections (`DROP DATABASE`, `ALTER DATABASE …
+//! RENAME` or `SET TABLESPACE`, `CREATE DATABASE … TEMPLATE`) would otherwise wait for, and then
+//! fail because of, the database's delivery worker. A utility hook, in every backend of a
+//! server that preloads the library, asks that worker to leave first, keeps a new one away while
+//! the statement runs, and lets it back afterwards (if the database is still there).
+
+use super::registry;
+use pgrx::pg_sys;
+use pgrx::PgList;
+use std::ffi::CStr;
+
+static mut PREVIOUS: pg_sys::ProcessUtility_hook_type = None;
+
+/// How long, at most, a paused database keeps its worker away (should the statement's backend
+/// die before it lets the worker back).
+const PAUSE_SECONDS: i64 = 60;
+
+/// Installs the hook (while preloading).
+pub fn install() {
+    // SAFETY: runs in the postmaster while preloading, before any backend exists.
+    unsafe {
+        PREVIOUS = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(process_utility);
+    }
+}
+
+/// The databases (oids) `statement` needs without connections.
+unsafe fn databases_to_pause(statement: *mut pg_sys::Node) -> Vec<pg_sys::Oid> {
+    // SAFETY: `statement` is a valid utility statement node; each branch reads the node type
+    // its tag names.
+    unsafe {
+        let names: Vec<*const std::ffi::c_char> = match (*statement).type_ {
+            pg_sys::NodeTag::T_DropdbStmt => vec![(*(statement as *mut pg_sys::DropdbStmt)).dbname],
+            pg_sys::NodeTag::T_RenameStmt => {
+                let rename = statement as *mut pg_sys::RenameStmt;
+                if (*rename).renameType == pg_sys::ObjectType::OBJECT_DATABASE { vec![(*rename).subname] } else { vec![] }
+            }
+            pg_sys::NodeTag::T_AlterDatabaseStmt => {
+                let alter = statement as *mut pg_sys::AlterDatabaseStmt;
+                if option(&(*alter).options, "tablespace").is_some() { vec![(*alter).dbname] } else { vec![] }
+            }
+            pg_sys::NodeTag::T_CreatedbStmt => {
+                let create = statement as *mut pg_sys::CreatedbStmt;
+                option(&(*create).options, "template").map(|t| pg_sys::defGetString(t)).into_iter().map(|s| s.cast_const()).collect()
+            }
+            _ => vec![],
+        };
+        names
+            .into_iter()
+            .filter(|name| !name.is_null())
+            .map(|name| pg_sys::get_database_oid(name, true))
+            .filter(|&oid| oid != pg_sys::InvalidOid)
+            .collect()
+    }
+}
+
+/// The option `name` of a statement's option list.
+unsafe fn option(options: &*mut pg_sys::List, name: &str) -> Option<*mut pg_sys::DefElem> {
+    // SAFETY: a List of DefElem nodes (or NIL).
+    unsafe {
+        PgList::<pg_sys::DefElem>::from_pg(*options)
+            .iter_ptr()
+            .find(|&element| !(*element).defname.is_null() && CStr::from_ptr((*element).defname).to_bytes() == name.as_bytes())
+    }
+}
+
+#[pgrx::pg_guard]
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    statement: *mut pg_sys::PlannedStmt,
+    query: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    environment: *mut pg_sys::QueryEnvironment,
+    destination: *mut pg_sys::DestReceiver,
+    completion: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: the arguments are PostgreSQL's, passed on unchanged.
+    unsafe {
+        let paused = databases_to_pause((*statement).utilityStmt);
+        for &oid in &paused {
+            registry::pause(oid.to_u32(), PAUSE_SECONDS);
+        }
+        let run = || match PREVIOUS {
+            Some(previous) => previous(statement, query, read_only_tree, context, params, environment, destination, completion),
+            None => pg_sys::standard_ProcessUtility(statement, query, read_only_tree, context, params, environment, destination, completion),
+        };
+        if paused.is_empty() {
+            run();
+        } else {
+            pgrx::PgTryBuilder::new(run)
+                .finally(|| {
+                    for &oid in &paused {
+                        registry::resume(oid.to_u32());
+                    }
+                })
+                .execute();
+        }
+    }
+}

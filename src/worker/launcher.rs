@@ -1,0 +1,303 @@
+//! The launcher: one background process for the whole server (preloading the library is all it
+//! takes) that gives every database with outbox_ext its delivery worker.
+//!
+//! - At server start it does not know which databases have the extension, so it starts a worker
+//!   in each connectable database (not a template) that `outbox.worker_databases` allows; a
+//!   worker that finds no extension says so and exits at once.
+//! - `CREATE EXTENSION outbox_ext` (and `ALTER EXTENSION … UPDATE`) announce the database at
+//!   commit: its worker starts within moments, no restart.
+//! - `DROP EXTENSION` ends the worker (it notices within its poll interval); `DROP DATABASE`
+//!   pauses it first (`hooks.rs`), so the drop is not held up.
+//! - At most `outbox.max_workers` run at once; a database beyond the cap is named in a WARNING
+//!   and shown by `outbox_worker_status()`. A worker that dies is started again after a pause
+//!   that grows while it keeps dying (no crash loop, no log spam); never while its predecessor
+//!   is still there.
+
+use super::registry::{self, ExitReason, WaitReason};
+use super::session::WORKER_ROLE;
+use crate::settings;
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, DynamicBackgroundWorker, SignalWakeFlags};
+use pgrx::pg_sys;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CStr;
+use std::time::{Duration, Instant};
+
+/// A worker that died is started again after this, doubling while it keeps dying ...
+const FIRST_RESTART_WAIT: Duration = Duration::from_secs(1);
+/// ... up to this.
+const MAX_RESTART_WAIT: Duration = Duration::from_secs(60);
+/// A worker that ran this long before dying is not "dying quickly".
+const HEALTHY_RUN: Duration = Duration::from_secs(60);
+/// The launcher looks at the databases at least this often.
+const ROUND_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Registers the launcher (while preloading).
+pub fn register() {
+    BackgroundWorkerBuilder::new("outbox_ext launcher")
+        .set_type("outbox_ext launcher")
+        .set_library("outbox_ext")
+        .set_function("outbox_launcher_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(5)))
+        .load();
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HasExtension {
+    Unknown,
+    Yes,
+    No,
+}
+
+/// A database and what the launcher knows of it.
+struct Database {
+    name: String,
+    has_extension: HasExtension,
+    worker: Option<Running>,
+    next_start: Instant,
+    restart_wait: Duration,
+    warned_waiting: bool,
+}
+
+struct Running {
+    slot: usize,
+    handle: DynamicBackgroundWorker,
+    started: Instant,
+}
+
+/// A row of pg_database.
+struct Listed {
+    oid: u32,
+    name: String,
+    connectable: bool,
+}
+
+#[pgrx::pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn outbox_launcher_main(_argument: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    // No database: the launcher reads only the shared catalogs (pg_database, pg_authid).
+    BackgroundWorker::connect_worker_to_spi(None, None);
+    registry::attach_launcher();
+    let mut databases: BTreeMap<u32, Database> = BTreeMap::new();
+    let mut named_but_missing: BTreeSet<String> = BTreeSet::new();
+    // SAFETY: reads a flag set by the SIGTERM handler.
+    while unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() } == 0 {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: applies a reload in this process.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        round(&mut databases, &mut named_but_missing);
+        // Woken early by an announcement, or by the postmaster when a worker starts or stops.
+        // SAFETY: waits on this process's latch.
+        unsafe {
+            let events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+            if pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, ROUND_INTERVAL.as_millis() as _, pg_sys::PG_WAIT_EXTENSION)
+                & pg_sys::WL_LATCH_SET as i32
+                != 0
+            {
+                pg_sys::ResetLatch(pg_sys::MyLatch);
+            }
+        }
+    }
+    // Workers stop by themselves: the postmaster sends them SIGTERM too.
+}
+
+fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeSet<String>) {
+    let (listed, role_exists) = read_catalogs();
+    let wanted_names = settings::worker_databases();
+
+    // Databases that came and went.
+    let present: BTreeSet<u32> = listed.iter().map(|d| d.oid).collect();
+    databases.retain(|oid, database| present.contains(oid) || database.worker.is_some());
+    for entry in &listed {
+        databases.entry(entry.oid).or_insert_with(|| Database {
+            name: entry.name.clone(),
+            has_extension: HasExtension::Unknown,
+            worker: None,
+            next_start: Instant::now(),
+            restart_wait: FIRST_RESTART_WAIT,
+            warned_waiting: false,
+        });
+    }
+    if let Some(names) = &wanted_names {
+        for name in names {
+            if !listed.iter().any(|d| &d.name == name) && named_but_missing.insert(name.clone()) {
+                pgrx::log!("outbox_ext: outbox.worker_databases names \"{name}\", which does not exist (yet); it gets a worker once it does");
+            }
+        }
+        named_but_missing.retain(|name| !listed.iter().any(|d| &d.name == name));
+    }
+
+    // What CREATE / ALTER EXTENSION announced.
+    let (announced, overflow) = registry::take_announced();
+    for oid in announced {
+        if let Some(database) = databases.get_mut(&oid) {
+            database.has_extension = HasExtension::Yes;
+            database.next_start = database.next_start.min(Instant::now());
+        }
+    }
+    if overflow {
+        for database in databases.values_mut().filter(|d| d.has_extension == HasExtension::No) {
+            database.has_extension = HasExtension::Unknown;
+        }
+    }
+
+    // Workers that ended.
+    for database in databases.values_mut() {
+        let Some(running) = &database.worker else { continue };
+        if running.handle.pid().is_ok() || matches!(running.handle.pid(), Err(pgrx::bgworkers::BackgroundWorkerStatus::NotYetStarted)) {
+            continue;
+        }
+        let running = database.worker.take().expect("checked");
+        match registry::release_slot(running.slot) {
+            ExitReason::NoExtension => database.has_extension = HasExtension::No,
+            ExitReason::Stopped => database.next_start = Instant::now(),
+            ExitReason::Unknown => {
+                // It died (or could not connect): wait before the next one, longer each time.
+                if running.started.elapsed() >= HEALTHY_RUN {
+                    database.restart_wait = FIRST_RESTART_WAIT;
+                }
+                database.next_start = Instant::now() + database.restart_wait;
+                database.restart_wait = (database.restart_wait * 2).min(MAX_RESTART_WAIT);
+            }
+        }
+    }
+
+    // Who should have a worker.
+    let connectable: BTreeSet<u32> = listed.iter().filter(|d| d.connectable).map(|d| d.oid).collect();
+    let allowed = |database: &Database| wanted_names.as_ref().is_none_or(|names| names.iter().any(|n| n == &database.name));
+    let mut running = databases.values().filter(|d| d.worker.is_some()).count();
+    let max_workers = settings::max_workers();
+    let mut waiting = Vec::new();
+    for (&oid, database) in databases.iter_mut() {
+        let wanted = role_exists
+            && connectable.contains(&oid)
+            && allowed(database)
+            && database.has_extension != HasExtension::No
+            && !registry::is_paused(oid);
+        if !wanted {
+            if let Some(worker) = &database.worker {
+                registry::ask_to_leave(worker.slot);
+            }
+            continue;
+        }
+        if database.worker.is_some() || Instant::now() < database.next_start {
+            continue;
+        }
+        let reason = if running >= max_workers {
+            Some(WaitReason::MaxWorkers)
+        } else {
+            match start_worker(oid, &database.name) {
+                Some(worker) => {
+                    database.worker = Some(worker);
+                    database.warned_waiting = false;
+                    running += 1;
+                    None
+                }
+                None => Some(WaitReason::NoBackgroundWorkerSlot),
+            }
+        };
+        // Only databases known to have the extension wait visibly; unknown ones are looked at
+        // when there is room.
+        if let (Some(reason), HasExtension::Yes) = (reason, database.has_extension) {
+            waiting.push((oid, reason));
+            if !database.warned_waiting {
+                let why = match reason {
+                    WaitReason::MaxWorkers => format!("outbox.max_workers ({max_workers}) workers are running"),
+                    WaitReason::NoBackgroundWorkerSlot => "no background worker slot is free (raise max_worker_processes)".into(),
+                };
+                pgrx::warning!("outbox_ext: database \"{}\" has no delivery worker: {why}", database.name);
+                database.warned_waiting = true;
+            }
+        }
+    }
+    registry::set_waiting(&waiting);
+}
+
+fn start_worker(database_oid: u32, name: &str) -> Option<Running> {
+    let slot = registry::reserve_slot(database_oid)?;
+    // SAFETY: reads a process global.
+    let launcher_pid = unsafe { pg_sys::MyProcPid };
+    let loaded = BackgroundWorkerBuilder::new(&format!("outbox_ext delivery worker for {name}"))
+        .set_type("outbox_ext delivery worker")
+        .set_library("outbox_ext")
+        .set_function("outbox_worker_main")
+        .set_argument(Some(pg_sys::Datum::from(slot)))
+        .set_extra(name)
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(None)
+        .set_notify_pid(launcher_pid)
+        .load_dynamic();
+    match loaded {
+        Ok(handle) => Some(Running { slot, handle, started: Instant::now() }),
+        Err(_) => {
+            registry::release_slot(slot);
+            None
+        }
+    }
+}
+
+/// The databases (oid, name, whether one may connect and it is not a template) and whether the
+/// worker's role exists, read from the shared catalogs in a transaction.
+fn read_catalogs() -> (Vec<Listed>, bool) {
+    let mut listed = Vec::new();
+    let mut role_exists = false;
+    // SAFETY: a background worker's transaction around heap scans of two shared catalogs, as
+    // the autovacuum and logical replication launchers do.
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+
+        let relation = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as i32);
+        let scan = pg_sys::table_beginscan_catalog(relation, 0, std::ptr::null_mut());
+        loop {
+            let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
+            if tuple.is_null() {
+                break;
+            }
+            let row = &*(get_struct::<pg_sys::FormData_pg_database>(tuple));
+            listed.push(Listed {
+                oid: row.oid.to_u32(),
+                name: CStr::from_ptr(row.datname.data.as_ptr()).to_string_lossy().into_owned(),
+                connectable: row.datallowconn && !row.datistemplate,
+            });
+        }
+        pg_sys::table_endscan(scan);
+        pg_sys::table_close(relation, pg_sys::AccessShareLock as i32);
+
+        let relation = pg_sys::table_open(pg_sys::AuthIdRelationId, pg_sys::AccessShareLock as i32);
+        let scan = pg_sys::table_beginscan_catalog(relation, 0, std::ptr::null_mut());
+        loop {
+            let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
+            if tuple.is_null() {
+                break;
+            }
+            let row = &*(get_struct::<pg_sys::FormData_pg_authid>(tuple));
+            if CStr::from_ptr(row.rolname.data.as_ptr()).to_bytes() == WORKER_ROLE.as_bytes() {
+                role_exists = true;
+            }
+        }
+        pg_sys::table_endscan(scan);
+        pg_sys::table_close(relation, pg_sys::AccessShareLock as i32);
+
+        pg_sys::PopActiveSnapshot();
+        pg_sys::CommitTransactionCommand();
+    }
+    (listed, role_exists)
+}
+
+/// GETSTRUCT: the fixed-size part of a catalog tuple.
+///
+/// # Safety
+/// `tuple` must be a valid catalog tuple whose row type is `T`.
+unsafe fn get_struct<T>(tuple: pg_sys::HeapTuple) -> *const T {
+    // SAFETY: the data starts t_hoff bytes into the tuple header.
+    unsafe {
+        let header = (*tuple).t_data;
+        (header as *const u8).add((*header).t_hoff as usize).cast()
+    }
+}

@@ -1,0 +1,14 @@
+-- Of messages $1, those whose deliveries have all ended, locked, with how many of their
+-- deliveries are DONE and what the dead ones say (endpoint: error, …).
+SELECT o.id,
+       pg_catalog.count(*) FILTER (WHERE d.status OPERATOR(pg_catalog.=) 'DONE'::@extschema@.outbox_status),
+       pg_catalog.count(*) FILTER (WHERE d.status OPERATOR(pg_catalog.=) 'DEAD'::@extschema@.outbox_status),
+       pg_catalog.string_agg(s.url OPERATOR(pg_catalog.||) ': ' OPERATOR(pg_catalog.||) COALESCE(d.last_error, '?'), '; ' ORDER BY s.id)
+           FILTER (WHERE d.status OPERATOR(pg_catalog.=) 'DEAD'::@extschema@.outbox_status)
+  FROM @extschema@.outbox o
+  JOIN @extschema@.outbox_delivery d ON d.message_id OPERATOR(pg_catalog.=) o.id
+  JOIN @extschema@.outbox_subscription s ON s.id OPERATOR(pg_catalog.=) d.subscription_id
+ WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
+   AND o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+ GROUP BY o.id
+HAVING pg_catalog.count(*) FILTER (WHERE d.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status) OPERATOR(pg_catalog.=) 0

@@ -1,0 +1,188 @@
+//! Record, the worker's third step: what each request's answer means for its delivery (DONE, a
+//! retry after the backoff or the endpoint's Retry-After, or DEAD: policy.rs decides), the
+//! attempt log, and the messages whose deliveries have all ended (DONE, or DEAD when any of
+//! them is). All of one step's answers are recorded in one transaction.
+
+use super::deliver::Finished;
+use super::endpoints::Endpoints;
+use crate::interval;
+use crate::policy::{self, AfterFailure, RetryPolicy};
+use crate::spi::{Spi, Statement};
+use crate::text;
+use crate::webhook::Outcome;
+use pgrx::datum::IntoDatum;
+use pgrx::pg_sys::{self, BuiltinOid::*};
+use std::time::UNIX_EPOCH;
+
+static DELIVERED: Statement = Statement::new(include_str!("record_delivered.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID]);
+static RETRY: Statement =
+    Statement::new(include_str!("record_retry.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID, INTERVALARRAYOID, TEXTARRAYOID]);
+static DEAD: Statement = Statement::new(include_str!("record_dead.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID]);
+static LOG_ATTEMPTS: Statement = Statement::new(
+    include_str!("log_attempts.sql"),
+    &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TIMESTAMPTZARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID],
+);
+static LOCK_MESSAGES: Statement = Statement::new(include_str!("lock_messages.sql"), &[INT8ARRAYOID]);
+static MESSAGES_TO_SETTLE: Statement = Statement::new(include_str!("messages_to_settle.sql"), &[INT8ARRAYOID]);
+static SETTLE: Statement = Statement::new(include_str!("settle_messages.sql"), &[INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID]);
+
+/// What one step recorded.
+#[derive(Default)]
+pub struct Recorded {
+    pub delivered: usize,
+    pub failed: usize,
+    /// Answers whose delivery no longer waited for them (an operator redelivered it meanwhile).
+    pub no_longer_held: usize,
+}
+
+/// Microseconds between the Unix and the PostgreSQL epochs (2000-01-01).
+const POSTGRES_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
+
+/// One column of a batch statement.
+#[derive(Default)]
+struct Columns {
+    message_ids: Vec<i64>,
+    subscription_ids: Vec<i64>,
+    attempts: Vec<i32>,
+}
+
+impl Columns {
+    fn push(&mut self, done: &Finished) {
+        self.message_ids.push(done.message_id);
+        self.subscription_ids.push(done.subscription_id);
+        self.attempts.push(done.attempt);
+    }
+}
+
+/// Records `finished` answers (in a transaction); the caller forgets them once it commits.
+pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy: &RetryPolicy, endpoints: &mut Endpoints) -> Recorded {
+    let mut recorded = Recorded::default();
+    if finished.is_empty() {
+        return recorded;
+    }
+    let (mut delivered, mut retried, mut dead) = (Columns::default(), Columns::default(), Columns::default());
+    let (mut waits, mut retry_errors, mut dead_errors) = (Vec::new(), Vec::new(), Vec::new());
+    // SAFETY: reads the clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    for done in finished {
+        match &done.answer.outcome {
+            Outcome::Delivered => delivered.push(done),
+            Outcome::Failed { error, retry_after } => {
+                let error = text::for_server_message(error).into_owned();
+                let retry_after = retry_after.map(|wait| wait.min(policy::MAX_RETRY_AFTER));
+                match policy.after_failure(done.attempt, retry_after, fastrand::f64()) {
+                    AfterFailure::RetryIn(wait) => {
+                        retried.push(done);
+                        waits.push(interval::from_duration(wait));
+                        retry_errors.push(error);
+                        if let Some(state) = endpoints.by_id.get_mut(&done.subscription_id) {
+                            let due = now + i64::try_from(wait.as_micros()).unwrap_or(i64::MAX / 2);
+                            state.next_due = Some(state.next_due.map_or(due, |t| t.min(due)));
+                        }
+                    }
+                    AfterFailure::Dead => {
+                        dead.push(done);
+                        dead_errors.push(error);
+                    }
+                }
+            }
+        }
+    }
+
+    let mut ended_messages: Vec<i64> = Vec::new();
+    if !delivered.message_ids.is_empty() {
+        let rows = spi.execute(
+            &DELIVERED,
+            schema,
+            &[delivered.message_ids.clone().into_datum(), delivered.subscription_ids.into_datum(), delivered.attempts.into_datum()],
+        );
+        recorded.delivered = rows.len();
+        recorded.no_longer_held += delivered.message_ids.len() - rows.len();
+        ended_messages.extend((0..rows.len()).filter_map(|row| rows.get::<i64>(row, 1)));
+    }
+    if !retried.message_ids.is_empty() {
+        let count = retried.message_ids.len();
+        let changed = spi
+            .execute(
+                &RETRY,
+                schema,
+                &[
+                    retried.message_ids.into_datum(),
+                    retried.subscription_ids.into_datum(),
+                    retried.attempts.into_datum(),
+                    waits.into_datum(),
+                    retry_errors.into_datum(),
+                ],
+            )
+            .len();
+        recorded.failed += changed;
+        recorded.no_longer_held += count - changed;
+    }
+    if !dead.message_ids.is_empty() {
+        let count = dead.message_ids.len();
+        let rows = spi.execute(
+            &DEAD,
+            schema,
+            &[dead.message_ids.into_datum(), dead.subscription_ids.into_datum(), dead.attempts.into_datum(), dead_errors.into_datum()],
+        );
+        recorded.failed += rows.len();
+        recorded.no_longer_held += count - rows.len();
+        ended_messages.extend((0..rows.len()).filter_map(|row| rows.get::<i64>(row, 1)));
+    }
+
+    log_attempts(spi, schema, finished);
+    settle_messages(spi, schema, ended_messages);
+    recorded
+}
+
+fn log_attempts(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished]) {
+    let mut columns = Columns::default();
+    let (mut started, mut micros, mut statuses, mut errors) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for done in finished {
+        columns.push(done);
+        let since_unix = done.started_at.duration_since(UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0);
+        started.push(pgrx::datum::TimestampWithTimeZone::try_from(since_unix - POSTGRES_EPOCH_OFFSET_MICROS).ok());
+        micros.push(i64::try_from(done.duration.as_micros()).unwrap_or(i64::MAX));
+        statuses.push(done.answer.http_status.map(i32::from));
+        errors.push(match &done.answer.outcome {
+            Outcome::Delivered => None,
+            Outcome::Failed { error, .. } => Some(text::for_server_message(error).into_owned()),
+        });
+    }
+    spi.execute(
+        &LOG_ATTEMPTS,
+        schema,
+        &[
+            columns.message_ids.into_datum(),
+            columns.subscription_ids.into_datum(),
+            columns.attempts.into_datum(),
+            started.into_datum(),
+            micros.into_datum(),
+            statuses.into_datum(),
+            errors.into_datum(),
+        ],
+    );
+}
+
+/// Messages whose deliveries have all ended end too: DONE, or DEAD (policy.rs).
+fn settle_messages(spi: &mut Spi, schema: pg_sys::Oid, mut candidates: Vec<i64>) {
+    if candidates.is_empty() {
+        return;
+    }
+    candidates.sort_unstable();
+    candidates.dedup();
+    spi.execute(&LOCK_MESSAGES, schema, &[candidates.clone().into_datum()]);
+    let rows = spi.execute(&MESSAGES_TO_SETTLE, schema, &[candidates.into_datum()]);
+    let (mut ids, mut statuses, mut errors) = (Vec::new(), Vec::new(), Vec::new());
+    for row in 0..rows.len() {
+        let delivered: i64 = rows.get(row, 2).expect("count");
+        let dead: i64 = rows.get(row, 3).expect("count");
+        let (status, error) = policy::message_outcome(delivered as usize, dead as usize, rows.get_text(row, 4));
+        ids.push(rows.get::<i64>(row, 1).expect("id"));
+        statuses.push(status.to_string());
+        errors.push(error);
+    }
+    if !ids.is_empty() {
+        spi.execute(&SETTLE, schema, &[ids.into_datum(), statuses.into_datum(), errors.into_datum()]);
+    }
+}

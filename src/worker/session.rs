@@ -1,0 +1,120 @@
+//! The worker's database session: connected as the role `outbox_worker` (never a superuser),
+//! settings of its own whatever the database or the role says, short transactions whose
+//! errors are caught (logged and retried by the loop, never the end of the worker), and the
+//! extension found through the catalogs.
+
+use crate::compat;
+use crate::spi::{Spi, Statement};
+use pgrx::pg_sys;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::PgTryBuilder;
+use std::ffi::CString;
+use std::panic::AssertUnwindSafe;
+
+/// The role the worker connects as (sql/privileges.sql creates it and grants it what it needs).
+pub const WORKER_ROLE: &str = "outbox_worker";
+
+/// Settings the worker imposes on its own session, over whatever `ALTER DATABASE … SET` or
+/// `ALTER ROLE … SET` put there. The search_path first of all: until it is set, nothing runs.
+const SESSION_SETTINGS: [(&str, &str); 8] = [
+    ("search_path", "pg_catalog, pg_temp"),
+    // Its transactions need nothing stronger, and a serializable default would make them fail
+    // with 40001 beside SQL consumers.
+    ("default_transaction_isolation", "read committed"),
+    ("default_transaction_read_only", "off"),
+    // Every wait has a bound: a table locked by a long ALTER makes a step fail (logged and
+    // retried), it does not hang the worker.
+    ("lock_timeout", "10s"),
+    ("statement_timeout", "60s"),
+    ("idle_in_transaction_session_timeout", "0"),
+    // The worker's commits do not wait for the WAL flush: losing the last outcomes in a server
+    // crash only means those messages are delivered again (at least once), never lost.
+    ("synchronous_commit", "off"),
+    ("application_name", "outbox_ext delivery worker"),
+];
+
+/// Connects to `database` as `outbox_worker` and sets the session up.
+pub fn connect(database: &str) {
+    let role = CString::new(WORKER_ROLE).expect("no NUL");
+    let database = CString::new(database).expect("a database name has no NUL");
+    // SAFETY: called once, at the start of a background worker with database access.
+    unsafe {
+        pg_sys::BackgroundWorkerInitializeConnection(database.as_ptr(), role.as_ptr(), compat::BGWORKER_CONNECT_FLAGS);
+    }
+    for (name, value) in SESSION_SETTINGS {
+        let (name, value) = (CString::new(name).expect("no NUL"), CString::new(value).expect("no NUL"));
+        // SAFETY: plain GUC assignments with static values, at the session level.
+        unsafe {
+            pg_sys::SetConfigOption(name.as_ptr(), value.as_ptr(), pg_sys::GucContext::PGC_USERSET, pg_sys::GucSource::PGC_S_SESSION);
+        }
+    }
+}
+
+/// An ERROR caught in one of the worker's transactions.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub sqlstate: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (SQLSTATE {})", self.message, self.sqlstate)
+    }
+}
+
+fn failure(caught: CaughtError) -> Failure {
+    let (code, message) = match &caught {
+        CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) => (report.sql_error_code(), report.message().to_string()),
+        CaughtError::RustPanic { ereport, .. } => (ereport.sql_error_code(), ereport.message().to_string()),
+    };
+    // SAFETY: unpack_sql_state returns a static buffer with the five characters.
+    let sqlstate = unsafe { std::ffi::CStr::from_ptr(pg_sys::unpack_sql_state(code as i32)) }.to_string_lossy().into_owned();
+    Failure { sqlstate, message }
+}
+
+/// Runs `body` in a transaction of its own and commits it. An ERROR anywhere, the commit
+/// included, rolls the transaction back and comes back as `Err`: the worker logs it and tries
+/// again later instead of exiting.
+pub fn transaction<R>(body: impl FnOnce() -> R) -> Result<R, Failure> {
+    // SAFETY: the worker runs no other transaction; these are the calls a background worker
+    // makes to run one (as pgrx's BackgroundWorker::transaction and worker_spi do).
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    PgTryBuilder::new(AssertUnwindSafe(|| {
+        let result = body();
+        // SAFETY: ends the transaction started above.
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        }
+        Ok(result)
+    }))
+    .catch_others(|caught| {
+        // SAFETY: the transaction failed; abort it (this also pops snapshots and disconnects
+        // SPI) so that the next one starts clean.
+        unsafe { pg_sys::AbortCurrentTransaction() };
+        Err(failure(caught))
+    })
+    .execute()
+}
+
+static EXTENSION_SCHEMA: Statement = Statement::new(include_str!("extension_schema.sql"), &[]);
+
+/// The schema outbox_ext is installed in, if it is installed (in a transaction). Found through
+/// the catalogs, with the session's search_path already pinned to pg_catalog.
+pub fn extension_schema() -> Option<pg_sys::Oid> {
+    let name = CString::new("outbox_ext").expect("no NUL");
+    // SAFETY: a catalog lookup in a transaction.
+    if unsafe { pg_sys::get_extension_oid(name.as_ptr(), true) } == pg_sys::InvalidOid {
+        return None;
+    }
+    let mut spi = Spi::connect();
+    let rows = spi.execute(&EXTENSION_SCHEMA, pg_sys::InvalidOid, &[]);
+    let schema = if rows.is_empty() { None } else { rows.get::<pg_sys::Oid>(0, 1) };
+    spi.finish();
+    schema
+}

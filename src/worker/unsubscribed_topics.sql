@@ -1,0 +1,12 @@
+-- Topics with ready messages but no subscription ($1: the subscribed topics). Bounded: it looks
+-- at no more than 10,000 pending rows.
+SELECT p.topic::pg_catalog.text, pg_catalog.count(*)
+  FROM (SELECT o.topic
+          FROM @extschema@.outbox o
+         WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+           AND o.available_at OPERATOR(pg_catalog.<>) 'infinity'
+           AND NOT (o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($1))
+         LIMIT 10000) p
+ GROUP BY p.topic
+ ORDER BY pg_catalog.count(*) DESC, p.topic
+ LIMIT 10
