@@ -48,7 +48,7 @@ BEGIN
                count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now) AS ready,
                count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at > clock_now AND l.lease_token IS NOT NULL) AS in_flight,
                count(*) FILTER (WHERE l.status = 'PENDING' AND l.attempts > 0 AND l.lease_token IS NULL
-                                  AND l.available_at <> 'infinity') AS retrying,
+                                  AND l.available_at <> '9999-12-31 00:00:00+00') AS retrying,
                count(*) FILTER (WHERE l.status = 'DEAD') AS dead,
                clock_now - min(l.available_at) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now) AS oldest_ready_age,
                clock_now - min(l.created_at) FILTER (WHERE l.status = 'PENDING') AS oldest_pending_age,
@@ -59,9 +59,12 @@ BEGIN
         SELECT m.topic::text AS topic, GROUPING(m.topic) AS total,
                count(*) FILTER (WHERE d.status = 'DEAD') AS dead,
                clock_now - min(m.created_at) FILTER (WHERE d.status = 'PENDING') AS oldest_pending_age
-          FROM @extschema@.outbox_delivery d
+          FROM (SELECT p.message_id, p.status FROM @extschema@.outbox_delivery p
+                 WHERE p.status = 'PENDING'::@extschema@.outbox_status
+                UNION ALL
+                SELECT e.message_id, e.status FROM @extschema@.outbox_delivery e
+                 WHERE e.status = 'DEAD'::@extschema@.outbox_status) d
           JOIN @extschema@.outbox m ON m.id = d.message_id
-         WHERE d.status <> 'DONE'::@extschema@.outbox_status
          GROUP BY GROUPING SETS ((m.topic), ())
     )
     SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
@@ -145,7 +148,7 @@ BEGIN
            SET status = 'PENDING', attempts = 0, processed_at = NULL, lease_token = NULL,
                -- with deliveries, the message waits for them again
                available_at = CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id = o.id)
-                                   THEN 'infinity' ELSE clock_timestamp() END
+                                   THEN '9999-12-31 00:00:00+00' ELSE clock_timestamp() END
           FROM dead
          WHERE o.id = dead.id
         RETURNING o.id
@@ -339,7 +342,7 @@ BEGIN
            AND (outbox_redeliver.message_ids IS NULL OR o.id = ANY (outbox_redeliver.message_ids))
            AND (outbox_redeliver.message_ids IS NOT NULL OR outbox_redeliver.since IS NULL
                 OR o.created_at >= outbox_redeliver.since)
-           AND NOT (o.status = 'PENDING'::@extschema@.outbox_status AND o.available_at <> 'infinity')
+           AND NOT (o.status = 'PENDING'::@extschema@.outbox_status AND o.available_at <> '9999-12-31 00:00:00+00')
          ORDER BY o.id
            FOR UPDATE
     ), deliveries AS (
@@ -350,7 +353,7 @@ BEGIN
         RETURNING d.message_id
     ), reopened AS (
         UPDATE @extschema@.outbox o
-           SET status = 'PENDING', processed_at = NULL, lease_token = NULL, available_at = 'infinity'
+           SET status = 'PENDING', processed_at = NULL, lease_token = NULL, available_at = '9999-12-31 00:00:00+00'
           FROM deliveries d
          WHERE o.id = d.message_id
     )

@@ -113,8 +113,9 @@ SELECT id, topic, url, secret IS NOT NULL AS signed,
 -- it first picks a message up, one for each enabled subscription of its topic, and each then
 -- lives the message's life on its own: attempts, backoff, a lease while a request is in flight,
 -- DONE or DEAD. An endpoint that took a message never gets it again because another failed.
--- The message stays PENDING (its available_at 'infinity', so no claim walks over it) until
--- all its deliveries have ended; then it is DONE, or DEAD if any of them is.
+-- The message stays PENDING until all its deliveries have ended, its available_at set to
+-- 9999-12-31 (readable by every client library, unlike 'infinity'), so that no claim takes it;
+-- then it is DONE, or DEAD if any of them is.
 CREATE TABLE outbox_delivery (
     message_id      bigint        NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
     subscription_id bigint        NOT NULL REFERENCES outbox_subscription (id) ON DELETE CASCADE,

@@ -225,12 +225,6 @@ impl Rows<'_> {
         }
     }
 
-    /// A bytea column's bytes.
-    pub fn get_bytes(&self, row: usize, column: i32) -> Option<Vec<u8>> {
-        // SAFETY: the column is bytea (a varlena).
-        self.datum(row, column).map(|datum| unsafe { crate::text::datum_bytes(datum) }.to_vec())
-    }
-
     /// A column copied into the memory context that was current before SPI_connect, so it
     /// outlives `finish` (a function's result).
     pub fn datum_for_caller(&self, row: usize, column: i32) -> Option<pg_sys::Datum> {

@@ -87,7 +87,8 @@ pub fn claim_for_endpoint(
                 attempt: leased.get(row, 2).expect("attempt"),
                 public_id: leased.get_text(row, 3).expect("public_id"),
                 topic: leased.get_text(row, 4).expect("topic"),
-                body: leased.get_bytes(row, 5).expect("body"),
+                // The database's encoding to UTF-8 (SQL_ASCII bytes that are not UTF-8: U+FFFD).
+                body: leased.get_text(row, 5).expect("body").into_bytes(),
             }),
         })
         .collect();

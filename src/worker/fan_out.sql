@@ -2,7 +2,7 @@
 -- most $3, skipping rows a SQL consumer holds; $1 is the clock. Each gets one delivery per
 -- enabled subscription of its topic, which starts where the message stood (its attempts and
 -- last error: a message that was backing off keeps its schedule). The message then waits for
--- its deliveries: available_at 'infinity' takes it out of every claim. Returns the endpoints
+-- its deliveries: an available_at in the year 9999 takes it out of every claim. Returns the endpoints
 -- that got new deliveries.
 WITH ready AS (
     SELECT o.id, o.topic, o.attempts, o.last_error
@@ -23,7 +23,7 @@ WITH ready AS (
     RETURNING d.message_id, d.subscription_id
 ), waiting AS (
     UPDATE @extschema@.outbox o
-       SET available_at = 'infinity', lease_token = NULL
+       SET available_at = '9999-12-31 00:00:00+00', lease_token = NULL
       FROM ready r
      WHERE o.id OPERATOR(pg_catalog.=) r.id
        AND (EXISTS (SELECT FROM made m WHERE m.message_id OPERATOR(pg_catalog.=) r.id)

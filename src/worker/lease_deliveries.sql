@@ -1,11 +1,11 @@
 -- Leases the locked deliveries of endpoint $1 to messages $2 (in that order) for one request
 -- each: one more attempt, and due again only when the lease $4 (from the clock $3) runs out.
--- Their payloads (as UTF-8 JSON) come back too, but only as many as fit in $5 bytes (the first
--- always): the others stay due, untouched, for the next round. Returns message id, attempt,
--- public_id, topic and body.
+-- Their payloads (as JSON text, converted to UTF-8 by the worker) come back too, but only as
+-- many as fit in $5 bytes (the first always): the others stay due, untouched, for the next
+-- round. Returns message id, attempt, public_id, topic and body.
 WITH wanted AS (
     SELECT w.message_id, w.n, m.public_id, m.topic,
-           pg_catalog.convert_to(m.payload::pg_catalog.text, 'UTF8') AS body
+           m.payload::pg_catalog.text AS body
       FROM pg_catalog.unnest($2) WITH ORDINALITY AS w(message_id, n)
       JOIN @extschema@.outbox m ON m.id OPERATOR(pg_catalog.=) w.message_id
 ), fitting AS (

@@ -15,8 +15,15 @@ def test_a_dump_and_restore_round_trip_keeps_pending_and_dead_messages(db):
     db.execute("SELECT outbox_fail(id, 'HTTP 500: boom', lease_token) FROM outbox_claim(1)")  # DEAD
     db.execute("SELECT * FROM outbox_claim(1, lease => '1 hour')")  # in flight
     db.execute("SELECT outbox_complete(id) FROM outbox_claim(1)")  # DONE
-    db.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', outbox_generate_secret())")
+    # A subscription (disabled: the delivery worker leaves this test alone) and deliveries of
+    # the ended messages to it (written directly: a DONE one and a DEAD one).
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', "
+                              "outbox_generate_secret(), enabled => false)").fetchone()[0]
+    db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, last_error, processed_at)
+                  SELECT id, %s, status, attempts, last_error, processed_at FROM outbox WHERE status <> 'PENDING'""",
+               (subscription,))
     before = db.execute(STATE).fetchall()
+    deliveries = db.execute("SELECT message_id, subscription_id, status::text, attempts FROM outbox_delivery ORDER BY 1, 2").fetchall()
     timing = db.execute("SELECT available_at, processed_at, created_at FROM outbox ORDER BY id").fetchall()
     subscriptions = db.execute("SELECT topic, url, secret FROM outbox_subscription").fetchall()
 
@@ -27,6 +34,8 @@ def test_a_dump_and_restore_round_trip_keeps_pending_and_dead_messages(db):
             assert restored.execute(STATE).fetchall() == before
             assert restored.execute("SELECT available_at, processed_at, created_at FROM outbox ORDER BY id").fetchall() == timing
             assert restored.execute("SELECT topic, url, secret FROM outbox_subscription").fetchall() == subscriptions
+            assert restored.execute("SELECT message_id, subscription_id, status::text, attempts FROM outbox_delivery "
+                                    "ORDER BY 1, 2").fetchall() == deliveries
             assert restored.execute("SELECT status::text, count(*) FROM outbox GROUP BY 1 ORDER BY 1").fetchall() == [
                 ("DEAD", 1), ("DONE", 1), ("PENDING", 3)
             ]
