@@ -40,9 +40,11 @@ END
 """
 
 
-def connect_as(role=None, search_path="pg_catalog, public"):
+def connect_as(role=None, search_path="pg_catalog"):
     """A connection to the hostile database. The test's own statements run with pg_catalog
-    first, so that they do not call the look-alikes themselves."""
+    alone on the search_path and name the extension's objects as public.<name>, so that they
+    never call the look-alikes themselves (an operator of an exact type in public would beat
+    pg_catalog's generic one, whatever the order)."""
     conn = psycopg.connect(dbname=DATABASE, user=role, autocommit=True)
     if search_path is not None:
         conn.execute(f"SET search_path = {search_path}")
@@ -105,14 +107,14 @@ def test_the_database_owner_cannot_become_superuser_through_the_worker(hostile_d
     try:
         with connect_as() as db:
             create_extension(db)
-            db.execute("SELECT outbox_subscribe('hook.sent', %s, timeout => '5 seconds')", (receiver.url,))
-            db.execute("SELECT outbox_enqueue('nobody.listens', '{}')")  # the unsubscribed-topics check
+            db.execute("SELECT public.outbox_subscribe('hook.sent', %s, timeout => '5 seconds')", (receiver.url,))
+            db.execute("SELECT public.outbox_enqueue('nobody.listens', '{}')")  # the unsubscribed-topics check
         with connect_as(ATTACKER) as mallory:
-            plant_operator(mallory, "public", "=", "outbox_status", "outbox_status")
+            plant_operator(mallory, "public", "=", "public.outbox_status", "public.outbox_status")
             plant_operator(mallory, "public", "*", "float8", "integer", returns="float8")
         with connect_as() as db:
             for n in range(3):
-                db.execute("SELECT outbox_enqueue('hook.sent', %s)", (json.dumps({"n": n}),))
+                db.execute("SELECT public.outbox_enqueue('hook.sent', %s)", (json.dumps({"n": n}),))
         receiver.wait_for(3)
         with connect_as() as db:
             assert traps_sprung(db) == []
@@ -145,7 +147,7 @@ def test_security_definer_functions_pass_typed_arguments(hostile_database):
     outbox_requeue_dead(text, text) won the overload resolution and ran as the owner."""
     with connect_as() as db:
         create_extension(db)
-        db.execute("SELECT outbox_enqueue('booking.created', '{}')")
+        db.execute("SELECT public.outbox_enqueue('booking.created', '{}')")
     with connect_as(ATTACKER) as mallory:
         for name in ("outbox_requeue_dead", "outbox_discard_dead"):
             mallory.execute(
@@ -209,7 +211,7 @@ def plant_look_alikes(conn, schema):
             except psycopg.Error:
                 pass  # polymorphic, variadic "any", an existing identical signature: not plantable
     types = ["integer", "bigint", "float8", "numeric", "text", "character varying", "name", "uuid",
-             "timestamptz", "interval", "jsonb", "boolean", "outbox_status", "text[]", "bigint[]"]
+             "timestamptz", "interval", "jsonb", "boolean", "public.outbox_status", "text[]", "bigint[]"]
     for operator in ["=", "<>", "<", "<=", ">", ">=", "+", "-", "*", "/", "||", "@>", "&&"]:
         for left in types:
             for right in types:
@@ -229,10 +231,9 @@ def test_no_look_alike_runs_with_the_extensions_rights(hostile_database):
     try:
         with connect_as() as db:
             create_extension(db)
-            db.execute("SET outbox.max_attempts = 1")
-            db.execute("SELECT outbox_subscribe('hook.sent', %s, outbox_generate_secret(), '{\"X-Team\": \"7\"}', "
+            db.execute("SELECT public.outbox_subscribe('hook.sent', %s, public.outbox_generate_secret(), '{\"X-Team\": \"7\"}', "
                        "timeout => '5 seconds')", (receiver.url,))
-            db.execute("SELECT outbox_enqueue('nobody.listens', '{}')")
+            db.execute("SELECT public.outbox_enqueue('nobody.listens', '{}')")
         with connect_as(ATTACKER) as mallory:
             mallory.execute("CREATE SCHEMA evil")
             mallory.execute("CREATE FUNCTION public.trap_transition(bigint) RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint'")
@@ -245,14 +246,12 @@ def test_no_look_alike_runs_with_the_extensions_rights(hostile_database):
 
         # The worker: a delivery that fails, one that succeeds, the unsubscribed-topics check.
         with connect_as() as db:
-            db.execute("SELECT outbox_enqueue('hook.sent', '{\"n\": 1}')")
-            db.execute("SELECT outbox_enqueue('hook.sent', '{\"n\": 2}')")
+            db.execute("SELECT public.outbox_enqueue('hook.sent', '{\"n\": 1}')")
+            db.execute("SELECT public.outbox_enqueue('hook.sent', '{\"n\": 2}')")
         receiver.wait_for(3)
         with connect_as() as db:
-            # (status::text: the look-alike of <> for outbox_status would win here, an exact
-            # type match beating pg_catalog's anyenum one even with pg_catalog first.)
             eventually(lambda: db.execute(
-                "SELECT count(*) FROM outbox WHERE status::text <> 'PENDING' AND topic = 'hook.sent'").fetchone()[0] == 2,
+                "SELECT count(*) FROM public.outbox WHERE status::text <> 'PENDING' AND topic::text = 'hook.sent'").fetchone()[0] == 2,
                 what="the worker to record both outcomes")
 
         # Every SECURITY DEFINER function, called by an administrator with an ordinary
