@@ -31,6 +31,8 @@ port = $port
 unix_socket_directories = '$dir'
 fsync = off
 max_connections = 100
+# Room for the outbox_ext launcher and up to outbox.max_workers (8) delivery workers.
+max_worker_processes = 16
 log_min_messages = warning
 shared_preload_libraries = 'outbox_ext'
 ${OUTBOX_CLUSTER_CONF:-}

@@ -2,7 +2,7 @@
 //! plain unit tests sit beside the pure logic they test, integration tests in tests/).
 
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
+#[pgrx::pg_schema]
 mod tests {
     use pgrx::prelude::*;
 

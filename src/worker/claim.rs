@@ -16,7 +16,7 @@ static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMEST
 static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement =
-    Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, INT8OID]);
+    Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, INT8OID, BOOLOID]);
 static RELEASE_LEASES: Statement = Statement::new(include_str!("release_leases.sql"), &[]);
 
 /// A delivery leased for one request.
@@ -44,7 +44,8 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
 }
 
 /// Leases up to `slots` due deliveries of endpoint `subscription_id`, within `byte_budget`
-/// bytes of payload (the first always); dead-letters those out of attempts.
+/// bytes of payload (the first one anyway when `nothing_in_flight`: a payload larger than the
+/// budget goes alone); dead-letters those out of attempts.
 pub fn claim_for_endpoint(
     spi: &mut Spi,
     schema: pg_sys::Oid,
@@ -52,6 +53,7 @@ pub fn claim_for_endpoint(
     subscription_id: i64,
     slots: usize,
     byte_budget: i64,
+    nothing_in_flight: bool,
     policy: &RetryPolicy,
     now: pg_sys::TimestampTz,
 ) -> Vec<Claimed> {
@@ -77,7 +79,14 @@ pub fn claim_for_endpoint(
     let leased = spi.execute(
         &LEASE,
         schema,
-        &[subscription_id.into_datum(), ids.into_datum(), Some(pg_sys::Datum::from(now)), lease.into_datum(), byte_budget.into_datum()],
+        &[
+            subscription_id.into_datum(),
+            ids.into_datum(),
+            Some(pg_sys::Datum::from(now)),
+            lease.into_datum(),
+            byte_budget.into_datum(),
+            nothing_in_flight.into_datum(),
+        ],
     );
     let claimed: Vec<Claimed> = (0..leased.len())
         .map(|row| Claimed {
@@ -93,7 +102,7 @@ pub fn claim_for_endpoint(
         })
         .collect();
     if claimed.len() < live.len() {
-        // The byte budget is spent: the rest waits for the next round.
+        // The byte budget is spent: the rest waits for room.
         state.due_now = true;
     }
     claimed

@@ -1,7 +1,12 @@
 //! The endpoints the worker sends to (the enabled subscriptions), and how the in-flight slots
-//! are shared between them: each endpoint with work gets an equal share of
-//! `outbox.max_in_flight` (at least one), so a slow or hanging endpoint holds only its own
-//! share and the others keep flowing.
+//! are shared between them, so that a slow or hanging endpoint holds only its own share and the
+//! others keep flowing:
+//!
+//! - each endpoint with work (due now, or requests in flight) gets an equal share of
+//!   `outbox.max_in_flight`, at least one;
+//! - and even alone, an endpoint leaves some slots free for the others (one per other endpoint,
+//!   up to half of them): when another one gets work, it starts at once instead of waiting for
+//!   a hanging endpoint's requests to time out.
 
 use crate::spi::{Spi, Statement};
 use crate::webhook::{self, Endpoint};
@@ -36,6 +41,9 @@ pub struct EndpointState {
 #[derive(Default)]
 pub struct Endpoints {
     pub by_id: BTreeMap<i64, EndpointState>,
+    /// Where the next sharing of the slots starts, so that when slots are scarce every endpoint
+    /// gets its turn.
+    turn: std::cell::Cell<usize>,
 }
 
 impl Endpoints {
@@ -117,10 +125,15 @@ impl Endpoints {
     /// the endpoints with work (due now or in flight), less what it has in flight.
     pub fn free_slots(&self, max_in_flight: usize, total_in_flight: usize) -> Vec<(i64, usize)> {
         let busy = self.by_id.values().filter(|e| e.due_now || e.in_flight > 0).count().max(1);
-        let share = (max_in_flight / busy).max(1);
+        let others = self.by_id.len().saturating_sub(1);
+        let reserved = others.min(max_in_flight / 2);
+        let share = (max_in_flight / busy).min(max_in_flight - reserved).max(1);
         let mut left = max_in_flight.saturating_sub(total_in_flight);
         let mut free = Vec::new();
-        for state in self.by_id.values().filter(|e| e.due_now) {
+        let due: Vec<&EndpointState> = self.by_id.values().filter(|e| e.due_now).collect();
+        let first = if due.is_empty() { 0 } else { self.turn.get() % due.len() };
+        self.turn.set(first + 1);
+        for state in due[first..].iter().chain(&due[..first]) {
             let slots = share.saturating_sub(state.in_flight).min(left);
             if slots > 0 {
                 free.push((state.id, slots));
@@ -133,5 +146,50 @@ impl Endpoints {
     /// The earliest time an endpoint with room for a request has a delivery due.
     pub fn earliest_due(&self) -> Option<pg_sys::TimestampTz> {
         self.by_id.values().filter_map(|e| e.next_due).min()
+    }
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+
+    fn endpoints(states: &[(i64, usize, bool)]) -> Endpoints {
+        let mut endpoints = Endpoints::default();
+        for &(id, in_flight, due_now) in states {
+            let endpoint = Arc::new(Endpoint { url: format!("http://e{id}/"), signing_key: None, headers: vec![], timeout: Duration::from_secs(5) });
+            endpoints.by_id.insert(id, EndpointState { id, topic: "t".into(), endpoint, in_flight, due_now, next_due: None });
+        }
+        endpoints
+    }
+
+    #[test]
+    fn an_endpoint_alone_takes_every_slot() {
+        assert_eq!(endpoints(&[(1, 0, true)]).free_slots(8, 0), vec![(1, 8)]);
+    }
+
+    #[test]
+    fn endpoints_with_work_share_the_slots() {
+        assert_eq!(endpoints(&[(1, 0, true), (2, 0, true)]).free_slots(8, 0), vec![(1, 4), (2, 4)]);
+        assert_eq!(endpoints(&[(1, 3, true), (2, 0, true)]).free_slots(8, 3), vec![(1, 1), (2, 4)]);
+    }
+
+    #[test]
+    fn a_busy_endpoint_leaves_room_for_the_others() {
+        // Endpoint 2 is idle: 1 may use 7 of 8 slots, not the last.
+        assert_eq!(endpoints(&[(1, 0, true), (2, 0, false)]).free_slots(8, 0), vec![(1, 7)]);
+        // Endpoint 1 hangs with its 7; endpoint 2 gets work: it starts at once.
+        assert_eq!(endpoints(&[(1, 7, true), (2, 0, true)]).free_slots(8, 7), vec![(2, 1)]);
+        // With many endpoints, at most half the slots are kept free.
+        let many: Vec<(i64, usize, bool)> = (1..=10).map(|id| (id, 0, id == 1)).collect();
+        assert_eq!(endpoints(&many).free_slots(8, 0), vec![(1, 4)]);
+    }
+
+    #[test]
+    fn every_endpoint_with_work_gets_a_slot_however_many_share_them() {
+        let many: Vec<(i64, usize, bool)> = (1..=3).map(|id| (id, 0, true)).collect();
+        let endpoints = endpoints(&many);
+        assert_eq!(endpoints.free_slots(2, 0), vec![(1, 1), (2, 1)]);
+        assert_eq!(endpoints.free_slots(2, 0), vec![(2, 1), (3, 1)], "the next round starts further on");
+        assert_eq!(endpoints.free_slots(2, 0), vec![(3, 1), (1, 1)]);
     }
 }

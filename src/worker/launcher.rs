@@ -112,7 +112,7 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
     let present: BTreeSet<u32> = listed.iter().map(|d| d.oid).collect();
     databases.retain(|oid, database| present.contains(oid) || database.worker.is_some());
     for entry in &listed {
-        databases.entry(entry.oid).or_insert_with(|| Database {
+        let database = databases.entry(entry.oid).or_insert_with(|| Database {
             name: entry.name.clone(),
             has_extension: HasExtension::Unknown,
             worker: None,
@@ -120,6 +120,7 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
             restart_wait: FIRST_RESTART_WAIT,
             warned_waiting: false,
         });
+        database.name.clone_from(&entry.name); // (ALTER DATABASE … RENAME)
     }
     if let Some(names) = &wanted_names {
         for name in names {

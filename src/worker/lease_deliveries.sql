@@ -1,8 +1,8 @@
 -- Leases the locked deliveries of endpoint $1 to messages $2 (in that order) for one request
 -- each: one more attempt, and due again only when the lease $4 (from the clock $3) runs out.
 -- Their payloads (as JSON text, converted to UTF-8 by the worker) come back too, but only as
--- many as fit in $5 bytes (the first always): the others stay due, untouched, for the next
--- round. Returns message id, attempt, public_id, topic and body.
+-- many as fit in $5 bytes (the first one anyway when $6: nothing else is in flight): the others
+-- stay due, untouched, for a later round. Returns message id, attempt, public_id, topic, body.
 WITH wanted AS (
     SELECT w.message_id, w.n, m.public_id, m.topic,
            m.payload::pg_catalog.text AS body
@@ -19,7 +19,7 @@ WITH wanted AS (
       FROM fitting f
      WHERE d.subscription_id OPERATOR(pg_catalog.=) $1
        AND d.message_id OPERATOR(pg_catalog.=) f.message_id
-       AND (f.n OPERATOR(pg_catalog.=) 1 OR f.running OPERATOR(pg_catalog.<=) $5)
+       AND (($6 AND f.n OPERATOR(pg_catalog.=) 1) OR f.running OPERATOR(pg_catalog.<=) $5)
     RETURNING d.message_id, d.attempts
 )
 SELECT l.message_id, l.attempts, f.public_id::pg_catalog.text, f.topic::pg_catalog.text, f.body

@@ -233,10 +233,13 @@ impl Worker {
             claim::fan_out(&mut spi, schema, &mut self.endpoints, self.settings.batch_size, now);
             let mut budget = (self.settings.max_payload_bytes as i64 - self.pool.bytes_in_flight() as i64).max(0);
             for (subscription_id, slots) in self.endpoints.free_slots(self.settings.max_in_flight, self.pool.in_flight()) {
-                if budget == 0 && self.pool.in_flight() + claimed.len() > 0 {
+                let nothing_in_flight = self.pool.in_flight() + claimed.len() == 0;
+                if budget == 0 && !nothing_in_flight {
                     break;
                 }
-                let got = claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, slots, budget, &policy, now);
+                let got = claim::claim_for_endpoint(
+                    &mut spi, schema, &mut self.endpoints, subscription_id, slots, budget, nothing_in_flight, &policy, now,
+                );
                 budget -= got.iter().map(|c| c.message.body.len() as i64).sum::<i64>();
                 budget = budget.max(0);
                 claimed.extend(got);

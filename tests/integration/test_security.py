@@ -37,6 +37,10 @@ ABILITIES = [
     ("SELECT * FROM outbox_stats()", {"app_admin", "app_monitor"}),
     ("SELECT * FROM outbox_monitoring", {"app_admin", "app_monitor"}),
     ("SELECT * FROM outbox_worker_status()", {"app_admin", "app_monitor"}),
+    ("SELECT * FROM outbox_endpoint_stats()", {"app_admin", "app_monitor"}),
+    ("SELECT count(*) FROM outbox_deliveries", {"app_admin"}),
+    ("SELECT count(*) FROM outbox_delivery_attempts", {"app_admin"}),
+    ("SELECT outbox_redeliver(1)", {"app_admin"}),
     ("SELECT * FROM outbox_topics()", set(ROLES)),
 ]
 

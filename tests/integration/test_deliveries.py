@@ -1,0 +1,164 @@
+"""Fan-out done right: each endpoint's delivery of each message lives on its own (attempts,
+backoff, DONE or DEAD), every HTTP attempt is logged, and an operator can replay. Against
+real local receivers and the delivery worker of the test database."""
+
+import json
+import time
+
+import psycopg
+import pytest
+
+from conftest import connect
+from support import eventually
+from support.receiver import Receiver
+
+FAST = {
+    "outbox.backoff_base": "100ms",
+    "outbox.backoff_jitter": "0",
+    "outbox.max_attempts": "3",
+    "outbox.http_timeout": "2s",
+    "outbox.poll_interval": "200ms",
+}
+
+
+@pytest.fixture()
+def fast_worker(db):
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        for name, value in FAST.items():
+            admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        admin.execute("SELECT pg_reload_conf()")
+    time.sleep(0.5)
+    yield db
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM RESET ALL")
+        admin.execute("SELECT pg_reload_conf()")
+
+
+@pytest.fixture()
+def receivers():
+    started = []
+
+    def start():
+        receiver = Receiver().start()
+        started.append(receiver)
+        return receiver
+
+    yield start
+    for receiver in started:
+        receiver.stop()
+
+
+def enqueue(conn, topic, payload):
+    return conn.execute("SELECT id, public_id::text FROM outbox_enqueue(%s, %s::jsonb)", (topic, json.dumps(payload))).fetchone()
+
+
+def test_a_failing_endpoint_never_makes_a_healthy_one_receive_twice(fast_worker, receivers):
+    db = fast_worker
+    healthy, failing = receivers(), receivers()
+    failing.answer_by_default(503, body=b"down for maintenance")
+    healthy_id = db.execute("SELECT outbox_subscribe('booking.created', %s)", (healthy.url,)).fetchone()[0]
+    failing_id = db.execute("SELECT outbox_subscribe('booking.created', %s)", (failing.url + "/b",)).fetchone()[0]
+    messages = [enqueue(db, "booking.created", {"n": n}) for n in range(5)]
+
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DEAD'").fetchone()[0] == 5,
+               what="every message to end")
+    # The healthy endpoint got each message exactly once, with its own webhook-id.
+    assert sorted(r["headers"]["webhook-id"] for r in healthy.requests) == sorted(p for _, p in messages)
+    # The failing one was tried outbox.max_attempts times per message, then gave up: per delivery.
+    assert len(failing.requests) == 5 * 3
+    states = dict(db.execute("SELECT subscription_id, array_agg(DISTINCT status::text) FROM outbox_deliveries GROUP BY 1").fetchall())
+    assert states == {healthy_id: ["DONE"], failing_id: ["DEAD"]}
+    dead = db.execute("SELECT attempts, last_error FROM outbox_deliveries WHERE subscription_id = %s", (failing_id,)).fetchall()
+    assert dead == [(3, "HTTP 503: down for maintenance")] * 5
+    # The attempt log has every request, with the answer's status.
+    logged = db.execute("SELECT subscription_id, http_status, count(*) FROM outbox_delivery_attempts GROUP BY 1, 2 ORDER BY 1").fetchall()
+    assert logged == [(healthy_id, 200, 5), (failing_id, 503, 15)]
+    # The numbers say which endpoint is in trouble.
+    assert db.execute("SELECT dead_deliveries FROM outbox_stats() WHERE topic IS NULL").fetchone()[0] == 5
+    per_endpoint = dict(db.execute("SELECT subscription_id, dead FROM outbox_endpoint_stats()").fetchall())
+    assert per_endpoint == {healthy_id: 0, failing_id: 5}
+
+    # The endpoint is fixed; the operator replays its dead deliveries: same webhook-id, fresh
+    # attempts, and the healthy endpoint is left alone.
+    failing.answer_by_default(200)
+    dead_ids = [row[0] for row in db.execute("SELECT message_id FROM outbox_deliveries WHERE status = 'DEAD' ORDER BY 1")]
+    assert db.execute("SELECT outbox_redeliver(%s, message_ids => %s)", (failing_id, dead_ids)).fetchone()[0] == 5
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 5,
+               what="the replayed deliveries")
+    replayed = [r for r in failing.requests if r["status"] == 200]
+    assert sorted(r["headers"]["webhook-id"] for r in replayed) == sorted(p for _, p in messages)
+    assert all(r["headers"]["outbox-attempt"] == "1" for r in replayed)
+    assert len(healthy.requests) == 5
+
+
+def test_requeue_of_a_message_sent_to_several_endpoints_retries_only_the_dead_deliveries(fast_worker, receivers):
+    db = fast_worker
+    healthy, failing = receivers(), receivers()
+    failing.answer_by_default(500)
+    db.execute("SELECT outbox_subscribe('invoice.paid', %s)", (healthy.url,))
+    db.execute("SELECT outbox_subscribe('invoice.paid', %s)", (failing.url,))
+    message_id, _ = enqueue(db, "invoice.paid", {"invoice": 7})
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "DEAD",
+               what="DEAD")
+    assert "1 of 2 deliveries dead" in db.execute("SELECT last_error FROM outbox WHERE id = %s", (message_id,)).fetchone()[0]
+
+    failing.answer_by_default(200)
+    assert db.execute("SELECT outbox_requeue(%s::bigint)", (message_id,)).fetchone()[0] == 1
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "DONE",
+               what="DONE after the requeue")
+    assert len(healthy.requests) == 1, "the endpoint that took it does not get it again"
+
+
+def test_replay_since_a_time_and_catching_a_new_endpoint_up_only_when_asked(fast_worker, receivers):
+    db = fast_worker
+    first = receivers()
+    db.execute("SELECT outbox_subscribe('order.shipped', %s)", (first.url,))
+    early = [enqueue(db, "order.shipped", {"n": n}) for n in range(3)]
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 3, what="delivered")
+    time.sleep(0.05)
+    since = db.execute("SELECT clock_timestamp()").fetchone()[0]
+    late = [enqueue(db, "order.shipped", {"n": n}) for n in range(3, 5)]
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 5, what="delivered")
+
+    # A new endpoint gets new messages, and the older ones only when asked.
+    second = receivers()
+    second_id = db.execute("SELECT outbox_subscribe('order.shipped', %s)", (second.url,)).fetchone()[0]
+    newest = enqueue(db, "order.shipped", {"n": 5})
+    second.wait_for(1)
+    time.sleep(1)
+    assert [r["headers"]["webhook-id"] for r in second.requests] == [newest[1]]
+
+    assert db.execute("SELECT outbox_redeliver(%s, since => %s)", (second_id, since)).fetchone()[0] == 3
+    second.wait_for(4)
+    assert {r["headers"]["webhook-id"] for r in second.requests} == {p for _, p in late} | {newest[1]}
+
+    assert db.execute("SELECT outbox_redeliver(%s)", (second_id,)).fetchone()[0] == 6
+    second.wait_for(10)
+    assert {r["headers"]["webhook-id"] for r in second.requests} == {p for _, p in early + late + [newest]}
+    assert len(first.requests) == 6, "the first endpoint was not replayed to"
+
+
+@pytest.mark.parametrize("call,sqlstate,words", [
+    ("outbox_redeliver(NULL)", "22004", "subscription_id must not be NULL"),
+    ("outbox_redeliver(424242)", "22023", "subscription_id 424242 does not exist"),
+])
+def test_redeliver_refuses_bad_input(db, call, sqlstate, words):
+    with pytest.raises(psycopg.Error) as caught:
+        db.execute(f"SELECT {call}")
+    assert caught.value.sqlstate == sqlstate
+    assert words in caught.value.diag.message_primary
+
+
+def test_the_attempt_log_is_purged_with_the_history(fast_worker, receivers):
+    db = fast_worker
+    receiver = receivers()
+    db.execute("SELECT outbox_subscribe('a.b', %s)", (receiver.url,))
+    message_id, _ = enqueue(db, "a.b", {})
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "DONE", what="DONE")
+    assert db.execute("SELECT count(*) FROM outbox_delivery_attempts").fetchone()[0] == 1
+    # (Backdated, as if the retention had passed.)
+    db.execute("UPDATE outbox SET processed_at = processed_at - interval '2 days'")
+    db.execute("UPDATE outbox_delivery_attempt SET started_at = started_at - interval '2 days'")
+    assert db.execute("SELECT outbox_purge('1 day')").fetchone()[0] == 2
+    assert db.execute("SELECT count(*) FROM outbox_delivery_attempt").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM outbox_delivery").fetchone()[0] == 0, "deliveries go with their message"

@@ -1,0 +1,137 @@
+"""Delivery in any database: with shared_preload_libraries = 'outbox_ext' and nothing else,
+CREATE EXTENSION is enough. A server of its own, configured only with the preload."""
+
+import time
+
+import psycopg
+import pytest
+
+from support import eventually
+from support.cluster import ScratchCluster
+from support.receiver import Receiver
+
+PORT = 25342
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = ScratchCluster(PORT).start()
+    yield cluster
+    cluster.remove()
+
+
+@pytest.fixture()
+def receiver():
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def deliver_one(cluster, database, receiver, topic):
+    """Subscribes the receiver and enqueues one message; waits until it arrives."""
+    with cluster.connect(database) as conn:
+        conn.execute("SELECT outbox_subscribe(%s, %s)", (topic, receiver.url))
+        public_id = conn.execute("SELECT public_id::text FROM outbox_enqueue(%s, '{}')", (topic,)).fetchone()[0]
+    eventually(lambda: any(r["headers"]["webhook-id"] == public_id for r in receiver.requests), what=f"delivery in {database}")
+
+
+def log_since(cluster, offset):
+    return cluster.server_log.read_bytes()[offset:].decode(errors="replace")
+
+
+def test_create_extension_is_enough_and_drop_extension_ends_the_worker(cluster, receiver):
+    for name in ("shop", "billing"):
+        cluster.create_database(name, extension=False)
+    created = time.monotonic()
+    for name in ("shop", "billing"):
+        with cluster.connect(name) as conn:
+            conn.execute("CREATE EXTENSION outbox_ext")
+    eventually(lambda: {"shop", "billing"} <= set(cluster.worker_pids()), timeout=10, what="a worker in each database")
+    assert time.monotonic() - created < 5, "within a few seconds of the COMMIT, no restart"
+    deliver_one(cluster, "shop", receiver, "order.placed")
+    deliver_one(cluster, "billing", receiver, "invoice.paid")
+
+    with cluster.connect("shop") as conn:
+        conn.execute("DROP EXTENSION outbox_ext")
+    eventually(lambda: "shop" not in cluster.worker_pids(), timeout=10, what="shop's worker to end")
+    deliver_one(cluster, "billing", receiver, "invoice.sent")
+    time.sleep(2)
+    assert "shop" not in cluster.worker_pids(), "it does not come back without the extension"
+
+
+def test_drop_database_is_not_held_up_by_its_worker(cluster):
+    cluster.create_database("temporary")
+    eventually(lambda: "temporary" in cluster.worker_pids(), what="its worker")
+    with cluster.connect() as admin:
+        admin.execute("DROP DATABASE temporary")  # without FORCE
+    time.sleep(1)
+    assert "temporary" not in cluster.worker_pids()
+
+
+def test_a_database_with_a_worker_can_be_renamed_and_used_as_a_template(cluster, receiver):
+    cluster.create_database("original")
+    eventually(lambda: "original" in cluster.worker_pids(), what="its worker")
+    with cluster.connect() as admin:
+        admin.execute("DROP DATABASE IF EXISTS copied")
+        admin.execute("CREATE DATABASE copied TEMPLATE original")
+        admin.execute("DROP DATABASE IF EXISTS renamed")
+        admin.execute("ALTER DATABASE original RENAME TO renamed")
+    eventually(lambda: {"renamed", "copied"} <= set(cluster.worker_pids()), timeout=10, what="workers for both")
+    deliver_one(cluster, "renamed", receiver, "a.renamed")
+    deliver_one(cluster, "copied", receiver, "a.copied")
+
+
+def test_more_databases_than_max_workers_are_named_and_wait(cluster, receiver):
+    for name in list(cluster.worker_pids()):
+        with cluster.connect() as admin:
+            admin.execute(f'DROP DATABASE "{name}"')
+    cluster.configure(**{"outbox.max_workers": "2"})
+    offset = cluster.server_log.stat().st_size
+    try:
+        for name in ("one", "two", "three"):
+            cluster.create_database(name)
+        eventually(lambda: len(cluster.worker_pids()) == 2, what="two workers")
+        time.sleep(1.5)
+        assert len(cluster.worker_pids()) == 2, "never more than outbox.max_workers"
+        waiting = (set(("one", "two", "three")) - set(cluster.worker_pids())).pop()
+        assert f'database "{waiting}" has no delivery worker: outbox.max_workers (2) workers are running' in log_since(cluster, offset)
+        with cluster.connect("one") as conn:
+            rows = conn.execute("SELECT database, pid, state FROM outbox_worker_status() ORDER BY database").fetchall()
+        assert (waiting, None, "waiting: outbox.max_workers workers are running") in rows
+        # Room again: the waiting database gets its worker.
+        cluster.configure(**{"outbox.max_workers": "8"})
+        eventually(lambda: waiting in cluster.worker_pids(), timeout=10, what="the waiting database's worker")
+    finally:
+        cluster.configure(**{"outbox.max_workers": "8"})
+
+
+def test_worker_databases_limits_them_and_a_missing_one_waits_quietly(cluster, receiver):
+    offset = cluster.server_log.stat().st_size
+    cluster.create_database("listed")
+    cluster.create_database("unlisted")
+    cluster.configure(**{"outbox.worker_databases": "listed, not_yet_created"})
+    try:
+        eventually(lambda: "unlisted" not in cluster.worker_pids(), timeout=10, what="unlisted's worker to stop")
+        eventually(lambda: "listed" in cluster.worker_pids(), timeout=10, what="listed's worker")
+        time.sleep(3)
+        written = log_since(cluster, offset)
+        assert written.count('names "not_yet_created", which does not exist (yet)') == 1, written
+        assert "FATAL" not in written, written
+        cluster.create_database("not_yet_created")
+        eventually(lambda: "not_yet_created" in cluster.worker_pids(), timeout=10, what="its worker once it exists")
+    finally:
+        cluster.configure(**{"outbox.worker_databases": "*"})
+    eventually(lambda: "unlisted" in cluster.worker_pids(), timeout=10, what="every database again")
+
+
+def test_no_connection_to_a_database_that_allows_none(cluster):
+    cluster.create_database("closed")
+    eventually(lambda: "closed" in cluster.worker_pids(), what="its worker")
+    with cluster.connect() as admin:
+        admin.execute("ALTER DATABASE closed WITH ALLOW_CONNECTIONS false")
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'closed'")
+    time.sleep(3)
+    assert "closed" not in cluster.worker_pids()
+    with cluster.connect() as admin:
+        admin.execute("ALTER DATABASE closed WITH ALLOW_CONNECTIONS true")
+        admin.execute("DROP DATABASE closed")
