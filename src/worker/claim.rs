@@ -15,8 +15,7 @@ use std::sync::Arc;
 static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID]);
 static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
-static LEASE: Statement =
-    Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID, INT8OID, BOOLOID]);
+static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
 static RELEASE_LEASES: Statement = Statement::new(include_str!("release_leases.sql"), &[]);
 
 /// A delivery leased for one request.
@@ -59,36 +58,37 @@ pub fn claim_for_endpoint(
 ) -> Vec<Claimed> {
     let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
     let locked = spi.execute(&LOCK, schema, &[subscription_id.into_datum(), Some(pg_sys::Datum::from(now)), (slots as i32).into_datum()]);
-    let rows: Vec<(i64, i32)> = (0..locked.len()).map(|r| (locked.get(r, 1).expect("message"), locked.get(r, 2).expect("attempts"))).collect();
+    // (message, attempts, payload bytes) of each, oldest due first.
+    let rows: Vec<(i64, i32, i64)> = (0..locked.len())
+        .map(|r| (locked.get(r, 1).expect("message"), locked.get(r, 2).expect("attempts"), locked.get::<i32>(r, 3).unwrap_or(0).into()))
+        .collect();
     if rows.len() < slots {
         // Nothing more is due now; the next refresh (or a recorded failure) says when.
         state.due_now = false;
         state.next_due = None;
     }
-    let (exhausted, live): (Vec<(i64, i32)>, Vec<(i64, i32)>) = rows.into_iter().partition(|&(_, attempts)| policy.is_exhausted(attempts));
+    let (exhausted, live): (Vec<_>, Vec<_>) = rows.into_iter().partition(|&(_, attempts, _)| policy.is_exhausted(attempts));
     if !exhausted.is_empty() {
-        let ids: Vec<i64> = exhausted.iter().map(|&(id, _)| id).collect();
-        let reasons: Vec<String> = exhausted.iter().map(|&(_, attempts)| policy.exhausted_reason(attempts, true)).collect();
+        let ids: Vec<i64> = exhausted.iter().map(|&(id, _, _)| id).collect();
+        let reasons: Vec<String> = exhausted.iter().map(|&(_, attempts, _)| policy.exhausted_reason(attempts, true)).collect();
         spi.execute(&DEAD_LETTER, schema, &[subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()]);
     }
-    if live.is_empty() {
+    let chosen = fitting(&live.iter().map(|&(id, _, bytes)| (id, bytes)).collect::<Vec<_>>(), byte_budget, nothing_in_flight);
+    if chosen.len() < live.len() {
+        // The worker's memory for payloads is spent: the rest waits for room (and stays
+        // locked only until this transaction ends).
+        state.due_now = true;
+    }
+    if chosen.is_empty() {
         return Vec::new();
     }
-    let ids: Vec<i64> = live.iter().map(|&(id, _)| id).collect();
     let lease = interval::from_duration(state.endpoint.timeout + LEASE_MARGIN);
     let leased = spi.execute(
         &LEASE,
         schema,
-        &[
-            subscription_id.into_datum(),
-            ids.into_datum(),
-            Some(pg_sys::Datum::from(now)),
-            lease.into_datum(),
-            byte_budget.into_datum(),
-            nothing_in_flight.into_datum(),
-        ],
+        &[subscription_id.into_datum(), chosen.clone().into_datum(), Some(pg_sys::Datum::from(now)), lease.into_datum()],
     );
-    let claimed: Vec<Claimed> = (0..leased.len())
+    let mut claimed: Vec<Claimed> = (0..leased.len())
         .map(|row| Claimed {
             message_id: leased.get(row, 1).expect("message"),
             subscription_id,
@@ -101,11 +101,25 @@ pub fn claim_for_endpoint(
             }),
         })
         .collect();
-    if claimed.len() < live.len() {
-        // The byte budget is spent: the rest waits for room.
-        state.due_now = true;
-    }
+    // Oldest due first, as they were locked.
+    claimed.sort_by_key(|c| chosen.iter().position(|&id| id == c.message_id));
     claimed
+}
+
+/// The deliveries (message, payload bytes) that fit `budget` bytes, in order; the first one
+/// anyway when nothing else is in flight (a payload larger than the budget then goes alone).
+fn fitting(candidates: &[(i64, i64)], budget: i64, nothing_in_flight: bool) -> Vec<i64> {
+    let mut used = 0;
+    let mut chosen = Vec::new();
+    for &(id, bytes) in candidates {
+        let first_alone = chosen.is_empty() && nothing_in_flight;
+        if used + bytes > budget && !first_alone {
+            break;
+        }
+        used += bytes;
+        chosen.push(id);
+    }
+    chosen
 }
 
 /// A new worker makes every delivery its predecessor leased due again (in a transaction).
@@ -114,4 +128,17 @@ pub fn release_predecessors_leases(schema: pg_sys::Oid) -> usize {
     let released = spi.execute(&RELEASE_LEASES, schema, &[]).len();
     spi.finish();
     released
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::fitting;
+
+    #[test]
+    fn payloads_are_chosen_within_the_memory_budget() {
+        assert_eq!(fitting(&[(1, 10), (2, 10), (3, 10)], 25, false), vec![1, 2]);
+        assert_eq!(fitting(&[(1, 30), (2, 30)], 40, true), vec![1], "a large one goes alone");
+        assert_eq!(fitting(&[(1, 30)], 10, false), vec![] as Vec<i64>, "not beside others beyond the budget");
+        assert_eq!(fitting(&[(1, 50)], 10, true), vec![1]);
+    }
 }

@@ -1,10 +1,12 @@
 -- The due deliveries of endpoint $1 ($2: the clock), oldest first, at most $3, locked.
--- Returns each one's message and attempts so far.
-SELECT d.message_id, d.attempts
+-- Returns each one's message, attempts so far, and the size of its payload as JSON text (each
+-- computed and let go row by row: the worker chooses what fits its memory before it fetches).
+SELECT d.message_id, d.attempts, pg_catalog.octet_length(m.payload::pg_catalog.text)
   FROM @extschema@.outbox_delivery d
+  JOIN @extschema@.outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
  WHERE d.subscription_id OPERATOR(pg_catalog.=) $1
    AND d.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
    AND d.available_at OPERATOR(pg_catalog.<=) $2
  ORDER BY d.available_at, d.message_id
  LIMIT $3
-   FOR UPDATE SKIP LOCKED
+   FOR UPDATE OF d SKIP LOCKED
