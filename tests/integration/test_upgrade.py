@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from conftest import DATABASE
-from support import EVERY_STATE
+from support import EVERY_STATE, eventually
+from support.receiver import Receiver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PREVIOUS = ["0.1.0", "0.2.0", "0.3.0"]
@@ -156,3 +157,29 @@ def test_update_from_a_previous_version_keeps_data_and_matches_a_fresh_install(d
         assert old.execute("SELECT payload->>'state' FROM outbox_claim(10)").fetchall() == [("ready",)]
         assert old.execute("SELECT outbox_requeue_all()").fetchone()[0] == 1
         assert old.execute("SELECT pending, dead FROM outbox_stats() WHERE topic IS NULL").fetchone() == (5, 0)
+
+
+def test_an_update_with_messages_in_flight_delivers_every_one(database):
+    """Messages a 0.3.0 worker left pending (ready, leased, backing off, delayed) get their
+    deliveries after ALTER EXTENSION UPDATE, which also starts the database's worker."""
+    receiver = Receiver().start()
+    try:
+        with fresh_database("outbox_upgrade_live") as old:
+            old.execute("CREATE EXTENSION outbox_ext VERSION '0.3.0'")
+            old.execute("INSERT INTO outbox_subscription (topic, url) VALUES ('booking.created', %s)", (receiver.url,))
+            old.execute("""INSERT INTO outbox (topic, payload, attempts, available_at, lease_token, last_error) VALUES
+                ('booking.created', '{"state": "ready"}', 0, clock_timestamp(), NULL, NULL),
+                ('booking.created', '{"state": "leased"}', 1, clock_timestamp() + interval '2 seconds', gen_random_uuid(), NULL),
+                ('booking.created', '{"state": "backing off"}', 1, clock_timestamp() + interval '1 second', NULL, 'HTTP 503'),
+                ('booking.created', '{"state": "delayed"}', 0, clock_timestamp() + interval '3 seconds', NULL, NULL)""")
+            expected = {row[0] for row in old.execute("SELECT public_id::text FROM outbox")}
+            old.execute("ALTER EXTENSION outbox_ext UPDATE")
+            eventually(lambda: old.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 4,
+                       timeout=30, what="every message delivered after the update")
+            delivered = [r["headers"]["webhook-id"] for r in receiver.requests]
+            assert sorted(delivered) == sorted(expected), "each once"
+            # The one that was backing off kept its count: its delivery started where it stood.
+            assert old.execute("SELECT d.attempts FROM outbox_deliveries d JOIN outbox m ON m.id = d.message_id "
+                               "WHERE m.payload->>'state' = 'backing off'").fetchone()[0] == 2
+    finally:
+        receiver.stop()
