@@ -264,7 +264,7 @@ def enqueue_cost(cluster, s):
         for _ in range(s.enqueue_rounds):
             for name, table, per_statement in targets:
                 with cluster.connect() as conn:
-                    conn.execute(f"TRUNCATE {table}")
+                    conn.execute(f"TRUNCATE {table} CASCADE")
                     conn.execute("CHECKPOINT")
                 tps = pgbench(f"enqueue_{name}.sql", 8, s.enqueue_seconds, options=f"-c synchronous_commit={synchronous_commit}")[0]
                 rates[name].append(tps * per_statement)
@@ -340,7 +340,7 @@ def drain_throughput(cluster, s):
                 "essay_cpu_busy": statistics.mean(busy["essay"]), "no_lease_cpu_busy": statistics.mean(busy["no_lease"]),
                 "ratio": rates["no_lease"] / rates["essay"], "lease_ratio": rates["lease"] / rates["essay"],
             })
-        conn.execute("TRUNCATE outbox, essay_outbox")
+        conn.execute("TRUNCATE outbox, essay_outbox CASCADE")
     return rows
 
 
@@ -352,7 +352,7 @@ def flat_cost(cluster, s):
         return pgbench("drain_outbox.sql", 1, s.flat_seconds, {"batch": 10})[1]
 
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox")
+        conn.execute("TRUNCATE outbox CASCADE")
         top_up(conn, "outbox", 50_000)
         empty_before = measure()
         conn.execute(
@@ -363,7 +363,7 @@ def flat_cost(cluster, s):
         history = measure()
         top_up(conn, "outbox", 50_000)  # deletes the DONE rows, vacuums
         empty_after = measure()
-        conn.execute("TRUNCATE outbox")
+        conn.execute("TRUNCATE outbox CASCADE")
     empty = (empty_before + empty_after) / 2
     return {"history_rows": s.history_rows, "latency_ms_empty": empty, "latency_ms_history": history,
             "latency_ms_empty_before": empty_before, "latency_ms_empty_after": empty_after, "ratio": history / empty}
@@ -376,7 +376,7 @@ def long_transaction(cluster, s):
     total = before + during + after
     samples = []
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox")
+        conn.execute("TRUNCATE outbox CASCADE")
         conn.execute("VACUUM ANALYZE outbox")
     producer = threading.Thread(target=pgbench, args=("produce_paced.sql", 4, total), kwargs={"rate": s.long_txn_rate})
     consumer = threading.Thread(target=pgbench, args=("drain_outbox.sql", 2, total, {"batch": 20}))
@@ -413,7 +413,7 @@ def long_transaction(cluster, s):
     phases = {"before": phase(0, before), "during": phase(before, before + during), "after": phase(before + during, total)}
     phases["dip"] = 1 - phases["during"]["done_per_s"] / phases["before"]["done_per_s"]
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox")
+        conn.execute("TRUNCATE outbox CASCADE")
     return phases
 
 
@@ -428,7 +428,7 @@ def churn(cluster, s):
     rows = []
     for name in ("default", "tuned"):
         with cluster.connect() as conn:
-            conn.execute("TRUNCATE outbox")
+            conn.execute("TRUNCATE outbox CASCADE")
             if name == "default":
                 conn.execute(f"ALTER TABLE outbox RESET ({', '.join(tuned)})")
             else:
@@ -450,7 +450,7 @@ def churn(cluster, s):
         rows.append({"settings": name, "table_mb": float(table_mb), "indexes_mb": float(indexes_mb), "dead_tuples": dead})
     with cluster.connect() as conn:
         conn.execute(f"ALTER TABLE outbox SET ({', '.join(installed)})")
-        conn.execute("TRUNCATE outbox")
+        conn.execute("TRUNCATE outbox CASCADE")
     return rows
 
 
@@ -485,7 +485,7 @@ def delivery(cluster, receiver, s):
         conn.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
         for in_flight in s.delivery_in_flight:
             cluster.configure(worker_enabled="off", max_in_flight=in_flight)
-            conn.execute("TRUNCATE outbox")
+            conn.execute("TRUNCATE outbox CASCADE")
             conn.execute(
                 "INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, %s)",
                 (PAYLOAD, s.delivery_messages))
@@ -503,7 +503,7 @@ def delivery(cluster, receiver, s):
             rows.append({"in_flight": in_flight, "worker_per_s": worker_rate, "wrk_per_s": generator,
                          "wrk_cpu_busy": generator_cpu_busy, "ratio": worker_rate / generator})
         cluster.configure(worker_enabled="on", max_in_flight=8)
-        conn.execute("TRUNCATE outbox")
+        conn.execute("TRUNCATE outbox CASCADE")
     return rows
 
 
@@ -511,7 +511,7 @@ def latency(cluster, receiver, s):
     """6. From the enqueueing transaction's commit to the receiver, idle worker."""
     committed = {}
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox")
+        conn.execute("TRUNCATE outbox CASCADE")
         time.sleep(1.5)
         for _ in range(s.latency_messages):
             with conn.transaction():

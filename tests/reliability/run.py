@@ -80,7 +80,7 @@ def count(cluster, sql, *args):
 
 def reset(cluster, subscribe_url=None):
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox, handled")
+        conn.execute("TRUNCATE outbox, handled CASCADE")
         conn.execute("DELETE FROM outbox_subscription")
         if subscribe_url:
             conn.execute("SELECT outbox_subscribe('booking.created', %s)", (subscribe_url,))
@@ -306,7 +306,7 @@ def receiver_faults(cluster, scale, receiver):
     got = delivered_ids(receiver)
     lost = len(expected_ids(cluster) - set(got))
     slowest = min(rates) / baseline
-    errors = count(cluster, "SELECT count(*) FROM outbox WHERE last_error IS NOT NULL")
+    errors = count(cluster, "SELECT count(*) FROM outbox_delivery WHERE last_error IS NOT NULL")
     return {"scenario": "receiver down, then slow, then failing at random", "messages": total, "lost": lost,
             "duplicated": len(got) - len(set(got)), "recovery_s": recovery,
             "ok": lost == 0 and dead == 0 and slowest > 0.5 and errors > 0,
