@@ -35,20 +35,48 @@ thread_local! {
     static KEPT_PLANS: RefCell<HashMap<(usize, pg_sys::Oid), KeptPlan>> = RefCell::new(HashMap::new());
 }
 
-/// A plan PostgreSQL keeps for the rest of the session (`SPI_keepplan`), re-planning it by
-/// itself when what it names changes.
+/// A kept plan is made again after this long. PostgreSQL plans it again by itself when what
+/// it names changes, but not when its tables grow: a plan made while the outbox (or the
+/// deliveries) were empty would otherwise walk a whole table or index for the rest of the
+/// session once they hold millions of rows. Planning again costs well under a millisecond.
+const PLAN_LIFETIME: std::time::Duration = std::time::Duration::from_secs(5);
+/// ... and sooner, after a run that took this long, when the plan is at least
+/// [`SLOW_PLAN_MIN_AGE`] old: a burst of rows is not served by the plan of an empty table for
+/// the rest of [`PLAN_LIFETIME`].
+const SLOW_RUN: std::time::Duration = std::time::Duration::from_millis(2);
+const SLOW_PLAN_MIN_AGE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A plan PostgreSQL keeps for the session (`SPI_keepplan`), until [`PLAN_LIFETIME`] passes.
 #[derive(Clone, Copy)]
-struct KeptPlan(pg_sys::SPIPlanPtr);
+struct KeptPlan {
+    plan: pg_sys::SPIPlanPtr,
+    made: std::time::Instant,
+}
 
 impl KeptPlan {
     fn for_statement(statement: &'static Statement, schema: pg_sys::Oid) -> KeptPlan {
         let key = (statement as *const Statement as usize, schema);
-        if let Some(kept) = KEPT_PLANS.with_borrow(|plans| plans.get(&key).copied()) {
-            return kept;
+        match KEPT_PLANS.with_borrow(|plans| plans.get(&key).copied()) {
+            Some(kept) if kept.made.elapsed() < PLAN_LIFETIME => return kept,
+            // SAFETY: a plan this session kept and no longer uses (no statement is running).
+            Some(old) => unsafe {
+                pg_sys::SPI_freeplan(old.plan);
+            },
+            None => {}
         }
         let kept = KeptPlan::prepare(statement, schema);
         KEPT_PLANS.with_borrow_mut(|plans| plans.insert(key, kept));
         kept
+    }
+
+    /// Plans `statement` again at its next run.
+    fn retire(statement: &'static Statement, schema: pg_sys::Oid) {
+        let key = (statement as *const Statement as usize, schema);
+        KEPT_PLANS.with_borrow_mut(|plans| {
+            if let Some(kept) = plans.get_mut(&key) {
+                kept.made -= PLAN_LIFETIME;
+            }
+        });
     }
 
     fn prepare(statement: &Statement, schema: pg_sys::Oid) -> KeptPlan {
@@ -71,7 +99,7 @@ impl KeptPlan {
                 let code = pg_sys::SPI_result;
                 raise(OutboxError::Internal(format!("preparing a statement failed (SPI result {code})")));
             }
-            KeptPlan(plan)
+            KeptPlan { plan, made: std::time::Instant::now() }
         }
     }
 }
@@ -149,14 +177,18 @@ impl Spi {
     pub fn execute(&mut self, statement: &'static Statement, schema: pg_sys::Oid, arguments: &[Option<pg_sys::Datum>]) -> Rows<'_> {
         assert_eq!(arguments.len(), statement.parameter_types.len(), "arguments for {}", statement.sql);
         let plan = KeptPlan::for_statement(statement, schema);
+        let started = std::time::Instant::now();
         let values: Vec<pg_sys::Datum> = arguments.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
         let nulls: Vec<std::ffi::c_char> =
             arguments.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
         // SAFETY: connected; the plan is kept; values and nulls match the plan's parameters.
         unsafe {
-            let result = pg_sys::SPI_execute_plan(plan.0, values.as_ptr() as *mut _, nulls.as_ptr(), false, 0);
+            let result = pg_sys::SPI_execute_plan(plan.plan, values.as_ptr() as *mut _, nulls.as_ptr(), false, 0);
             if result < 0 {
                 raise(OutboxError::Internal(format!("SPI_execute_plan failed with {result}")));
+            }
+            if started.elapsed() > SLOW_RUN && plan.made.elapsed() > SLOW_PLAN_MIN_AGE {
+                KeptPlan::retire(statement, schema);
             }
             Rows { count: pg_sys::SPI_processed as usize, _spi: self }
         }

@@ -3,4 +3,6 @@
 UPDATE @extschema@.outbox o
    SET status = 'DONE', processed_at = pg_catalog.clock_timestamp()
  WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
-   AND o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   -- (As text: matched against the partial index of ready rows, the plan kept for the session
+   -- could walk that whole index instead of looking the rows up by id.)
+   AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'

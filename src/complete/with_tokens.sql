@@ -4,5 +4,7 @@ UPDATE @extschema@.outbox o
    SET status = 'DONE', processed_at = pg_catalog.clock_timestamp()
   FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS wanted(id, lease_token)
  WHERE o.id OPERATOR(pg_catalog.=) wanted.id
-   AND o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   -- (As text: matched against the partial index of ready rows, the plan kept for the session
+   -- could walk that whole index instead of looking the rows up by id.)
+   AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
    AND (wanted.lease_token IS NULL OR o.lease_token OPERATOR(pg_catalog.=) wanted.lease_token)

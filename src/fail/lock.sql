@@ -4,6 +4,8 @@
 SELECT o.attempts, o.lease_token IS NOT NULL
   FROM @extschema@.outbox o
  WHERE o.id OPERATOR(pg_catalog.=) $1
-   AND o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   -- (As text: matched against the partial index of ready rows, the plan kept for the session
+   -- could walk that whole index instead of looking the rows up by id.)
+   AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
    AND ($2::pg_catalog.uuid IS NULL OR o.lease_token OPERATOR(pg_catalog.=) $2)
    FOR UPDATE

@@ -25,21 +25,21 @@ pub struct Claimed {
     pub message: Arc<Message>,
 }
 
-/// Makes the deliveries of ready messages of the delivered topics; marks the endpoints that got
-/// some as due. Returns how many endpoints got new deliveries.
+/// Makes the deliveries of up to `batch` ready messages of the delivered topics; marks the
+/// endpoints that got some as due. Returns how many messages it picked up.
 pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, batch: i32, now: pg_sys::TimestampTz) -> usize {
     let topics = endpoints.topics();
     if topics.is_empty() {
         return 0;
     }
     let rows = spi.execute(&FAN_OUT, schema, &[Some(pg_sys::Datum::from(now)), topics.into_datum(), batch.into_datum()]);
-    let touched: Vec<i64> = (0..rows.len()).filter_map(|row| rows.get(row, 1)).collect();
-    for id in &touched {
-        if let Some(state) = endpoints.by_id.get_mut(id) {
+    let picked_up: i64 = rows.get(0, 1).unwrap_or(0);
+    for id in rows.get::<Vec<i64>>(0, 2).unwrap_or_default() {
+        if let Some(state) = endpoints.by_id.get_mut(&id) {
             state.due_now = true;
         }
     }
-    touched.len()
+    picked_up as usize
 }
 
 /// Leases up to `slots` due deliveries of endpoint `subscription_id`, within `byte_budget`

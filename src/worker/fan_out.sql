@@ -2,8 +2,8 @@
 -- most $3, skipping rows a SQL consumer holds; $1 is the clock. Each gets one delivery per
 -- enabled subscription of its topic, which starts where the message stood (its attempts and
 -- last error: a message that was backing off keeps its schedule). The message then waits for
--- its deliveries: an available_at in the year 9999 takes it out of every claim. Returns the endpoints
--- that got new deliveries.
+-- its deliveries: an available_at in the year 9999 takes it out of every claim. Returns how
+-- many messages it picked up and the endpoints that got new deliveries.
 WITH ready AS (
     SELECT o.id, o.topic, o.attempts, o.last_error
       FROM @extschema@.outbox o
@@ -29,4 +29,4 @@ WITH ready AS (
        AND (EXISTS (SELECT FROM made m WHERE m.message_id OPERATOR(pg_catalog.=) r.id)
             OR EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) r.id))
 )
-SELECT DISTINCT m.subscription_id FROM made m
+SELECT (SELECT pg_catalog.count(*) FROM ready), ARRAY(SELECT DISTINCT m.subscription_id FROM made m)

@@ -9,6 +9,7 @@ SELECT o.id,
   JOIN @extschema@.outbox_delivery d ON d.message_id OPERATOR(pg_catalog.=) o.id
   JOIN @extschema@.outbox_subscription s ON s.id OPERATOR(pg_catalog.=) d.subscription_id
  WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
-   AND o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   -- (As text, so that the plan looks the messages up by id: see lock_messages.sql.)
+   AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
  GROUP BY o.id
 HAVING pg_catalog.count(*) FILTER (WHERE d.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status) OPERATOR(pg_catalog.=) 0

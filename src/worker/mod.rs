@@ -93,6 +93,9 @@ struct Worker {
     /// Subscriptions and due times are read again after this.
     next_refresh: Instant,
     retry_wait: Duration,
+    /// New messages may be ready: a producer committed, the last pick-up was a full batch, or
+    /// a poll interval passed (delays and backoffs run out).
+    messages_may_be_ready: bool,
     draining: bool,
     /// Once draining: the time by which the worker exits, whatever is left (the slowest request
     /// in flight gives up by then).
@@ -118,6 +121,7 @@ impl Worker {
             housekeeping: Housekeeping::default(),
             next_refresh: Instant::now(),
             retry_wait: FIRST_RETRY_WAIT,
+            messages_may_be_ready: true,
             draining: false,
             drain_deadline: None,
         }
@@ -201,9 +205,12 @@ impl Worker {
                 self.housekeeping.purge_if_due(schema, self.settings.retention, || registry::must_leave_now(slot) || shutdown_requested());
             }
             let woken = sleep::wait(self.pool.wake_fd(), self.sleep_time());
-            if woken.by_latch && !woken.by_answer {
+            if woken.by_latch {
                 // A producer committed (or an operator redelivered): look again at once.
-                self.next_refresh = Instant::now();
+                self.messages_may_be_ready = true;
+                if !woken.by_answer {
+                    self.next_refresh = Instant::now();
+                }
             }
         }
     }
@@ -229,8 +236,13 @@ impl Worker {
                 self.endpoints.refresh_next_due(schema);
                 self.housekeeping.warn_about_unsubscribed_topics(&mut spi, schema, &self.endpoints.topics());
                 self.next_refresh = Instant::now() + self.settings.poll_interval;
+                self.messages_may_be_ready = true;
             }
-            claim::fan_out(&mut spi, schema, &mut self.endpoints, self.settings.batch_size, now);
+            if self.messages_may_be_ready {
+                let batch = self.settings.batch_size;
+                let picked_up = claim::fan_out(&mut spi, schema, &mut self.endpoints, batch, now);
+                self.messages_may_be_ready = picked_up == batch as usize;
+            }
             let mut budget = (self.settings.max_payload_bytes as i64 - self.pool.bytes_in_flight() as i64).max(0);
             for (subscription_id, slots) in self.endpoints.free_slots(self.settings.max_in_flight, self.pool.in_flight()) {
                 let nothing_in_flight = self.pool.in_flight() + claimed.len() == 0;
@@ -305,7 +317,7 @@ impl Worker {
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         let room = self.pool.in_flight() < self.settings.max_in_flight;
         if room && !self.draining {
-            if self.endpoints.by_id.values().any(|e| e.due_now) {
+            if self.messages_may_be_ready || self.endpoints.by_id.values().any(|e| e.due_now) {
                 wait = Duration::ZERO;
             } else if let Some(due) = self.endpoints.earliest_due() {
                 wait = wait.min(Duration::from_micros(u64::try_from(due - now).unwrap_or(0)));

@@ -16,7 +16,7 @@ pub const WORKER_ROLE: &str = "outbox_worker";
 
 /// Settings the worker imposes on its own session, over whatever `ALTER DATABASE … SET` or
 /// `ALTER ROLE … SET` put there. The search_path first of all: until it is set, nothing runs.
-const SESSION_SETTINGS: [(&str, &str); 8] = [
+const SESSION_SETTINGS: [(&str, &str); 10] = [
     ("search_path", "pg_catalog, pg_temp"),
     // Its transactions need nothing stronger, and a serializable default would make them fail
     // with 40001 beside SQL consumers.
@@ -31,6 +31,13 @@ const SESSION_SETTINGS: [(&str, &str); 8] = [
     // crash only means those messages are delivered again (at least once), never lost.
     ("synchronous_commit", "off"),
     ("application_name", "outbox_ext delivery worker"),
+    // Its statements are small and run thousands of times a second: compiling them would cost
+    // more than it saves.
+    ("jit", "off"),
+    // Its statements take the oldest rows in index order, a few at a time. Before the tables
+    // are analyzed after a burst, the planner would read every ready row into a bitmap and
+    // sort them to take the first hundred.
+    ("enable_bitmapscan", "off"),
 ];
 
 /// Connects to `database` as `outbox_worker` and sets the session up.

@@ -7,4 +7,6 @@ UPDATE @extschema@.outbox o
   FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))
        AS ended(id, status, error)
  WHERE o.id OPERATOR(pg_catalog.=) ended.id
-   AND o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   -- (As text: matched against the partial index of ready rows, the plan kept for the session
+   -- could walk that whole index instead of looking the rows up by id.)
+   AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
