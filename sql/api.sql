@@ -13,28 +13,31 @@
 
 -- enqueue: record a message in the caller's transaction.
 CREATE OR REPLACE FUNCTION outbox_enqueue(
-    topic      text,
-    payload    jsonb,
-    delay      interval DEFAULT '0',
-    dedupe_key text     DEFAULT NULL
+    topic        text,
+    payload      jsonb,
+    delay        interval DEFAULT '0',
+    dedupe_key   text     DEFAULT NULL,
+    ordering_key text     DEFAULT NULL,
+    headers      jsonb    DEFAULT NULL
 ) RETURNS outbox
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'outbox_enqueue_c';
 
-COMMENT ON FUNCTION outbox_enqueue(text, jsonb, interval, text) IS
-'Records a message in the caller''s transaction (never commits) and returns it. delay schedules it for later. With a dedupe_key already held by a message of the same topic, nothing is recorded and only that message''s id, public_id, topic and dedupe_key are returned (payload NULL).';
+COMMENT ON FUNCTION outbox_enqueue(text, jsonb, interval, text, text, jsonb) IS
+'Records a message in the caller''s transaction (never commits) and returns it. delay schedules it for later. With a dedupe_key already held by a message of the same topic, nothing is recorded and only that message''s id, public_id, topic and dedupe_key are returned (payload NULL). Messages that share an ordering_key are handed out one at a time, in enqueue order. headers (string values) travel with the message to consumers and endpoints.';
 
 -- enqueue, batch form: many messages of one topic in one statement.
 CREATE OR REPLACE FUNCTION outbox_enqueue_batch(
-    topic    text,
-    payloads jsonb[],
-    delay    interval DEFAULT '0'
+    topic        text,
+    payloads     jsonb[],
+    delay        interval DEFAULT '0',
+    ordering_key text     DEFAULT NULL
 ) RETURNS SETOF outbox
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'outbox_enqueue_batch_c';
 
-COMMENT ON FUNCTION outbox_enqueue_batch(text, jsonb[], interval) IS
-'Records one message per payload, in order, in the caller''s transaction (never commits); returns the new rows.';
+COMMENT ON FUNCTION outbox_enqueue_batch(text, jsonb[], interval, text) IS
+'Records one message per payload, in order, in the caller''s transaction (never commits); returns the new rows. With an ordering_key, all of them share it, in the payloads'' order.';
 
 -- claim: take up to batch_size ready messages, skipping rows other consumers hold.
 CREATE OR REPLACE FUNCTION outbox_claim(
@@ -86,3 +89,64 @@ AS 'MODULE_PATHNAME', 'outbox_fail_c';
 
 COMMENT ON FUNCTION outbox_fail(bigint, text, uuid, interval) IS
 'Records a failed attempt with its error. Returns PENDING (retried after the backoff, or after retry_in), DEAD (attempts reached outbox.max_attempts), or NULL when the caller no longer holds the message.';
+
+-- Ordering keys (src/ordering): once the claimable message of a key has ended (DONE or DEAD)
+-- or gone to the delivery worker, the oldest message waiting behind it becomes claimable.
+-- Called by the functions that end messages, in the same transaction. Not for any role.
+CREATE OR REPLACE FUNCTION outbox_release_keys(keys text[]) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH next AS (
+        SELECT (SELECT q.id
+                  FROM @extschema@.outbox q
+                 WHERE q.ordering_key = k.key
+                   AND q.status = 'PENDING'::@extschema@.outbox_status
+                   AND q.waiting_for = 'ordering_key'::@extschema@.outbox_wait
+                 ORDER BY q.id
+                 LIMIT 1) AS id
+          FROM unnest(keys) AS k(key)
+         WHERE NOT EXISTS (SELECT FROM @extschema@.outbox h
+                            WHERE h.ordering_key = k.key
+                              AND h.status = 'PENDING'::@extschema@.outbox_status
+                              AND h.waiting_for IS NULL)
+    ), released AS (
+        UPDATE @extschema@.outbox o SET waiting_for = NULL
+          FROM next
+         WHERE o.id = next.id
+        RETURNING o.id
+    )
+    SELECT count(*)::integer FROM released
+$$;
+
+-- The same per endpoint: once the claimable delivery of a key at an endpoint has ended, the
+-- oldest delivery waiting behind it becomes claimable (subscriptions and keys pairwise).
+CREATE OR REPLACE FUNCTION outbox_release_delivery_keys(subscriptions bigint[], keys text[]) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH next AS (
+        SELECT (SELECT q.message_id
+                  FROM @extschema@.outbox_delivery q
+                 WHERE q.subscription_id = e.subscription_id
+                   AND q.ordering_key = e.key
+                   AND q.status = 'PENDING'::@extschema@.outbox_status
+                   AND q.waiting_for = 'ordering_key'::@extschema@.outbox_wait
+                 ORDER BY q.message_id
+                 LIMIT 1) AS message_id,
+               e.subscription_id
+          FROM ROWS FROM (unnest(subscriptions), unnest(keys)) AS e(subscription_id, key)
+         WHERE NOT EXISTS (SELECT FROM @extschema@.outbox_delivery h
+                            WHERE h.subscription_id = e.subscription_id
+                              AND h.ordering_key = e.key
+                              AND h.status = 'PENDING'::@extschema@.outbox_status
+                              AND h.waiting_for IS NULL)
+    ), released AS (
+        UPDATE @extschema@.outbox_delivery d SET waiting_for = NULL
+          FROM next
+         WHERE d.message_id = next.message_id
+           AND d.subscription_id = next.subscription_id
+        RETURNING d.message_id
+    )
+    SELECT count(*)::integer FROM released
+$$;

@@ -21,7 +21,9 @@ CREATE OR REPLACE FUNCTION outbox_stats() RETURNS TABLE (
     oldest_pending_age          interval,  -- age of the oldest PENDING message
     completed_last_minute       bigint,    -- DONE in the last minute: the drain rate
     dead_deliveries             bigint,    -- deliveries an endpoint gave up on
-    oldest_pending_delivery_age interval   -- age of the oldest message an endpoint has yet to take
+    oldest_pending_delivery_age interval,  -- age of the oldest message an endpoint has yet to take
+    blocked_keys                bigint,    -- ordering keys whose next message waits behind an earlier one
+    oldest_blocked_age          interval   -- age of the oldest message waiting behind its key
 )
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -31,28 +33,39 @@ DECLARE
 BEGIN
     RETURN QUERY
     WITH live AS (
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
           FROM @extschema@.outbox o
-         WHERE o.status = 'PENDING'::@extschema@.outbox_status
+         WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for IS NULL
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+          FROM @extschema@.outbox o
+         WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'ordering_key'::@extschema@.outbox_wait
+        UNION ALL
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+          FROM @extschema@.outbox o
+         WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'deliveries'::@extschema@.outbox_wait
+        UNION ALL
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
           FROM @extschema@.outbox o
          WHERE o.status = 'DEAD'::@extschema@.outbox_status
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
           FROM @extschema@.outbox o
          WHERE o.status = 'DONE'::@extschema@.outbox_status AND o.processed_at > clock_now - interval '1 minute'
     ), messages AS (
         SELECT l.topic::text AS topic, GROUPING(l.topic) AS total,
                count(*) FILTER (WHERE l.status = 'PENDING') AS pending,
-               count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now) AS ready,
+               count(*) FILTER (WHERE l.status = 'PENDING' AND l.waiting_for IS NULL AND l.available_at <= clock_now) AS ready,
                count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at > clock_now AND l.lease_token IS NOT NULL) AS in_flight,
                count(*) FILTER (WHERE l.status = 'PENDING' AND l.attempts > 0 AND l.lease_token IS NULL
-                                  AND l.available_at <> '9999-12-31 00:00:00+00') AS retrying,
+                                  AND l.waiting_for IS NULL) AS retrying,
                count(*) FILTER (WHERE l.status = 'DEAD') AS dead,
-               clock_now - min(l.available_at) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now) AS oldest_ready_age,
+               clock_now - min(l.available_at) FILTER (WHERE l.status = 'PENDING' AND l.waiting_for IS NULL
+                                                         AND l.available_at <= clock_now) AS oldest_ready_age,
                clock_now - min(l.created_at) FILTER (WHERE l.status = 'PENDING') AS oldest_pending_age,
-               count(*) FILTER (WHERE l.status = 'DONE') AS completed_last_minute
+               count(*) FILTER (WHERE l.status = 'DONE') AS completed_last_minute,
+               count(DISTINCT l.ordering_key) FILTER (WHERE l.waiting_for = 'ordering_key') AS blocked_keys,
+               clock_now - min(l.created_at) FILTER (WHERE l.waiting_for = 'ordering_key') AS oldest_blocked_age
           FROM live l
          GROUP BY GROUPING SETS ((l.topic), ())
     ), deliveries AS (
@@ -60,7 +73,10 @@ BEGIN
                count(*) FILTER (WHERE d.status = 'DEAD') AS dead,
                clock_now - min(m.created_at) FILTER (WHERE d.status = 'PENDING') AS oldest_pending_age
           FROM (SELECT p.message_id, p.status FROM @extschema@.outbox_delivery p
-                 WHERE p.status = 'PENDING'::@extschema@.outbox_status
+                 WHERE p.status = 'PENDING'::@extschema@.outbox_status AND p.waiting_for IS NULL
+                UNION ALL
+                SELECT w.message_id, w.status FROM @extschema@.outbox_delivery w
+                 WHERE w.status = 'PENDING'::@extschema@.outbox_status AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait
                 UNION ALL
                 SELECT e.message_id, e.status FROM @extschema@.outbox_delivery e
                  WHERE e.status = 'DEAD'::@extschema@.outbox_status) d
@@ -68,7 +84,8 @@ BEGIN
          GROUP BY GROUPING SETS ((m.topic), ())
     )
     SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
-           ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age
+           ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age,
+           ms.blocked_keys, ms.oldest_blocked_age
       FROM messages ms
       LEFT JOIN deliveries ds ON ds.total = ms.total AND ds.topic IS NOT DISTINCT FROM ms.topic
      ORDER BY ms.topic NULLS FIRST;
@@ -76,7 +93,7 @@ END
 $$;
 
 COMMENT ON FUNCTION outbox_stats() IS
-'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, per topic and in total (topic NULL).';
+'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, the ordering keys held back and the age of the oldest message waiting behind its key, per topic and in total (topic NULL).';
 
 -- For monitoring roles and exporters: SELECT * FROM outbox_monitoring.
 CREATE OR REPLACE VIEW outbox_monitoring AS SELECT * FROM outbox_stats();
@@ -111,13 +128,17 @@ AS $$
       FROM @extschema@.outbox_subscription s
       LEFT JOIN LATERAL (
             SELECT count(*) AS pending,
-                   count(*) FILTER (WHERE d.available_at <= clock_timestamp() AND NOT d.leased) AS ready,
+                   count(*) FILTER (WHERE d.available_at <= clock_timestamp() AND NOT d.leased AND d.waiting_for IS NULL) AS ready,
                    count(*) FILTER (WHERE d.leased) AS in_flight,
-                   count(*) FILTER (WHERE NOT d.leased AND d.attempts > 0) AS retrying,
+                   count(*) FILTER (WHERE NOT d.leased AND d.attempts > 0 AND d.waiting_for IS NULL) AS retrying,
                    clock_timestamp() - min(m.created_at) AS oldest_pending_age
-              FROM @extschema@.outbox_delivery d
-              JOIN @extschema@.outbox m ON m.id = d.message_id
-             WHERE d.subscription_id = s.id AND d.status = 'PENDING'::@extschema@.outbox_status) p ON true
+              FROM (SELECT r.message_id, r.available_at, r.leased, r.attempts, r.waiting_for FROM @extschema@.outbox_delivery r
+                     WHERE r.subscription_id = s.id AND r.status = 'PENDING'::@extschema@.outbox_status AND r.waiting_for IS NULL
+                    UNION ALL
+                    SELECT w.message_id, w.available_at, w.leased, w.attempts, w.waiting_for FROM @extschema@.outbox_delivery w
+                     WHERE w.subscription_id = s.id AND w.status = 'PENDING'::@extschema@.outbox_status
+                       AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) d
+              JOIN @extschema@.outbox m ON m.id = d.message_id) p ON true
      ORDER BY s.id
 $$;
 
@@ -135,6 +156,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     requeued integer;
+    keys     text[];
 BEGIN
     WITH dead AS (
         SELECT o.id
@@ -152,14 +174,23 @@ BEGIN
     ), messages AS (
         UPDATE @extschema@.outbox o
            SET status = 'PENDING', attempts = 0, processed_at = NULL, lease_token = NULL,
-               -- with deliveries, the message waits for them again
-               available_at = CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id = o.id)
-                                   THEN '9999-12-31 00:00:00+00' ELSE clock_timestamp() END
+               available_at = clock_timestamp(),
+               -- With deliveries, the message waits for them again; with an ordering key, it
+               -- queues behind the key's messages (released below when the key has none).
+               waiting_for = CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id = o.id)
+                                  THEN 'deliveries'::@extschema@.outbox_wait
+                                  WHEN o.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait
+                             END
           FROM dead
          WHERE o.id = dead.id
-        RETURNING o.id
+        RETURNING o.id, o.ordering_key, o.waiting_for
     )
-    SELECT count(*) INTO requeued FROM messages;
+    SELECT count(*), array_agg(DISTINCT m.ordering_key) FILTER (WHERE m.waiting_for = 'ordering_key')
+      INTO requeued, keys
+      FROM messages m;
+    IF keys IS NOT NULL THEN
+        PERFORM @extschema@.outbox_release_keys(keys);
+    END IF;
     IF requeued > 0 THEN
         PERFORM @extschema@.outbox_wake_worker_at_commit();
     END IF;
@@ -327,6 +358,7 @@ AS $$
 DECLARE
     endpoint_topic text;
     scheduled      integer;
+    keys           text[];
 BEGIN
     IF outbox_redeliver.subscription_id IS NULL THEN
         RAISE EXCEPTION 'outbox_redeliver: subscription_id must not be NULL'
@@ -342,28 +374,40 @@ BEGIN
     END IF;
 
     WITH chosen AS (
-        SELECT o.id
+        SELECT o.id, o.ordering_key
           FROM @extschema@.outbox o
          WHERE o.topic = endpoint_topic
            AND (outbox_redeliver.message_ids IS NULL OR o.id = ANY (outbox_redeliver.message_ids))
            AND (outbox_redeliver.message_ids IS NOT NULL OR outbox_redeliver.since IS NULL
                 OR o.created_at >= outbox_redeliver.since)
-           AND NOT (o.status = 'PENDING'::@extschema@.outbox_status AND o.available_at <> '9999-12-31 00:00:00+00')
+           AND NOT (o.status = 'PENDING'::@extschema@.outbox_status
+                    AND o.waiting_for IS DISTINCT FROM 'deliveries'::@extschema@.outbox_wait)
          ORDER BY o.id
            FOR UPDATE
     ), deliveries AS (
-        INSERT INTO @extschema@.outbox_delivery AS d (message_id, subscription_id)
-        SELECT c.id, outbox_redeliver.subscription_id FROM chosen c
+        -- With an ordering key, a replayed delivery queues behind the key's (released below).
+        INSERT INTO @extschema@.outbox_delivery AS d (message_id, subscription_id, ordering_key, waiting_for)
+        SELECT c.id, outbox_redeliver.subscription_id, c.ordering_key,
+               CASE WHEN c.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait END
+          FROM chosen c
         ON CONFLICT (message_id, subscription_id) DO UPDATE
-           SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(), processed_at = NULL, leased = false
-        RETURNING d.message_id
+           SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(), processed_at = NULL, leased = false,
+               waiting_for = EXCLUDED.waiting_for
+        RETURNING d.message_id, d.ordering_key
     ), reopened AS (
         UPDATE @extschema@.outbox o
-           SET status = 'PENDING', processed_at = NULL, lease_token = NULL, available_at = '9999-12-31 00:00:00+00'
+           SET status = 'PENDING', processed_at = NULL, lease_token = NULL,
+               waiting_for = 'deliveries'::@extschema@.outbox_wait
           FROM deliveries d
          WHERE o.id = d.message_id
     )
-    SELECT count(*) INTO scheduled FROM deliveries;
+    SELECT count(*), array_agg(DISTINCT d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL)
+      INTO scheduled, keys
+      FROM deliveries d;
+    IF keys IS NOT NULL THEN
+        PERFORM @extschema@.outbox_release_delivery_keys(
+            array_fill(outbox_redeliver.subscription_id, ARRAY[cardinality(keys)]), keys);
+    END IF;
     IF scheduled > 0 THEN
         PERFORM @extschema@.outbox_wake_worker_at_commit();
     END IF;

@@ -1248,6 +1248,14 @@ GRANT SELECT ON outbox_monitoring TO pg_monitor;
 DROP INDEX outbox_dedupe_key_idx;
 CREATE UNIQUE INDEX outbox_dedupe_key_idx ON outbox (topic, dedupe_key) WHERE dedupe_key IS NOT NULL;
 
+-- Ordering keys, and why a due message waits (sql/schema.sql). The ready index leaves out the
+-- messages that wait: made again (which reads the table once).
+CREATE TYPE outbox_wait AS ENUM ('ordering_key', 'deliveries');
+ALTER TABLE outbox ADD COLUMN ordering_key text, ADD COLUMN waiting_for outbox_wait, ADD COLUMN headers jsonb;
+DROP INDEX outbox_ready_idx;
+CREATE INDEX outbox_ready_idx ON outbox (available_at, id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL;
+
 -- The dead-letter rule's text moved into src/policy.rs.
 DROP FUNCTION outbox_exhausted_error(integer, integer, uuid, text);
 
@@ -1256,16 +1264,32 @@ DROP FUNCTION outbox_exhausted_error(integer, integer, uuid, text);
 DROP VIEW outbox_monitoring;
 DROP FUNCTION outbox_stats();
 
+-- outbox_enqueue gains ordering_key and headers, outbox_enqueue_batch ordering_key: new
+-- signatures, made in sql/api.sql (the grants users gave on the old ones move to the new).
+DROP FUNCTION outbox_enqueue(text, jsonb, interval, text);
+DROP FUNCTION outbox_enqueue_batch(text, jsonb[], interval);
+
 -- ======== sql/schema.sql, what is new in 0.4.0 ========
 -- ======== new in 0.4.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
+
+-- Per ordering key, at most one message is claimable (the head: the oldest PENDING one); the
+-- others wait behind it, in enqueue order, until it ends (DONE or DEAD) or is handed to the
+-- delivery worker (src/ordering). The database enforces the one head.
+CREATE UNIQUE INDEX outbox_key_head_idx ON outbox (ordering_key)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL AND ordering_key IS NOT NULL;
+CREATE INDEX outbox_key_queue_idx ON outbox (ordering_key, id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::outbox_wait;
+
+-- Messages handed to the delivery worker wait for their deliveries; the numbers count them here.
+CREATE INDEX outbox_handed_over_idx ON outbox (id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for OPERATOR(pg_catalog.=) 'deliveries'::outbox_wait;
 
 -- Deliveries: one message to one endpoint (subscription). The delivery worker makes them when
 -- it first picks a message up, one for each enabled subscription of its topic, and each then
 -- lives the message's life on its own: attempts, backoff, a lease while a request is in flight,
 -- DONE or DEAD. An endpoint that took a message never gets it again because another failed.
--- The message stays PENDING until all its deliveries have ended, its available_at set to
--- 9999-12-31 (readable by every client library, unlike 'infinity'), so that no claim takes it;
--- then it is DONE, or DEAD if any of them is.
+-- The message stays PENDING until all its deliveries have ended (waiting_for 'deliveries', so
+-- that no claim takes it); then it is DONE, or DEAD if any of them is.
 CREATE TABLE outbox_delivery (
     message_id      bigint        NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
     subscription_id bigint        NOT NULL REFERENCES outbox_subscription (id) ON DELETE CASCADE,
@@ -1281,13 +1305,22 @@ CREATE TABLE outbox_delivery (
     created_at      timestamptz   NOT NULL DEFAULT now(),
     -- When it became DONE or DEAD.
     processed_at    timestamptz,
+    -- The message's ordering_key: an endpoint gets a key's messages one at a time, in order.
+    ordering_key    text,
+    waiting_for     outbox_wait,
     PRIMARY KEY (message_id, subscription_id)
 );
 COMMENT ON TABLE outbox_delivery IS 'One message to one endpoint: its own attempts, backoff, lease and outcome.';
 
 -- The worker claims each endpoint's due deliveries here, oldest first.
 CREATE INDEX outbox_delivery_ready_idx ON outbox_delivery (subscription_id, available_at, message_id)
-    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status;
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL;
+-- Per endpoint and ordering key, at most one delivery is claimable (the head); the others wait
+-- in message order.
+CREATE UNIQUE INDEX outbox_delivery_key_head_idx ON outbox_delivery (subscription_id, ordering_key)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL AND ordering_key IS NOT NULL;
+CREATE INDEX outbox_delivery_key_queue_idx ON outbox_delivery (subscription_id, ordering_key, message_id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::outbox_wait;
 -- Dead deliveries, for the numbers (only those: a DONE delivery is history, and each index
 -- costs every delivery a write).
 CREATE INDEX outbox_delivery_dead_idx ON outbox_delivery (subscription_id)
@@ -1396,28 +1429,31 @@ AS 'MODULE_PATHNAME', 'outbox_wake_worker_at_commit_wrapper';
 
 -- enqueue: record a message in the caller's transaction.
 CREATE OR REPLACE FUNCTION outbox_enqueue(
-    topic      text,
-    payload    jsonb,
-    delay      interval DEFAULT '0',
-    dedupe_key text     DEFAULT NULL
+    topic        text,
+    payload      jsonb,
+    delay        interval DEFAULT '0',
+    dedupe_key   text     DEFAULT NULL,
+    ordering_key text     DEFAULT NULL,
+    headers      jsonb    DEFAULT NULL
 ) RETURNS outbox
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'outbox_enqueue_c';
 
-COMMENT ON FUNCTION outbox_enqueue(text, jsonb, interval, text) IS
-'Records a message in the caller''s transaction (never commits) and returns it. delay schedules it for later. With a dedupe_key already held by a message of the same topic, nothing is recorded and only that message''s id, public_id, topic and dedupe_key are returned (payload NULL).';
+COMMENT ON FUNCTION outbox_enqueue(text, jsonb, interval, text, text, jsonb) IS
+'Records a message in the caller''s transaction (never commits) and returns it. delay schedules it for later. With a dedupe_key already held by a message of the same topic, nothing is recorded and only that message''s id, public_id, topic and dedupe_key are returned (payload NULL). Messages that share an ordering_key are handed out one at a time, in enqueue order. headers (string values) travel with the message to consumers and endpoints.';
 
 -- enqueue, batch form: many messages of one topic in one statement.
 CREATE OR REPLACE FUNCTION outbox_enqueue_batch(
-    topic    text,
-    payloads jsonb[],
-    delay    interval DEFAULT '0'
+    topic        text,
+    payloads     jsonb[],
+    delay        interval DEFAULT '0',
+    ordering_key text     DEFAULT NULL
 ) RETURNS SETOF outbox
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'outbox_enqueue_batch_c';
 
-COMMENT ON FUNCTION outbox_enqueue_batch(text, jsonb[], interval) IS
-'Records one message per payload, in order, in the caller''s transaction (never commits); returns the new rows.';
+COMMENT ON FUNCTION outbox_enqueue_batch(text, jsonb[], interval, text) IS
+'Records one message per payload, in order, in the caller''s transaction (never commits); returns the new rows. With an ordering_key, all of them share it, in the payloads'' order.';
 
 -- claim: take up to batch_size ready messages, skipping rows other consumers hold.
 CREATE OR REPLACE FUNCTION outbox_claim(
@@ -1469,6 +1505,67 @@ AS 'MODULE_PATHNAME', 'outbox_fail_c';
 
 COMMENT ON FUNCTION outbox_fail(bigint, text, uuid, interval) IS
 'Records a failed attempt with its error. Returns PENDING (retried after the backoff, or after retry_in), DEAD (attempts reached outbox.max_attempts), or NULL when the caller no longer holds the message.';
+
+-- Ordering keys (src/ordering): once the claimable message of a key has ended (DONE or DEAD)
+-- or gone to the delivery worker, the oldest message waiting behind it becomes claimable.
+-- Called by the functions that end messages, in the same transaction. Not for any role.
+CREATE OR REPLACE FUNCTION outbox_release_keys(keys text[]) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH next AS (
+        SELECT (SELECT q.id
+                  FROM @extschema@.outbox q
+                 WHERE q.ordering_key = k.key
+                   AND q.status = 'PENDING'::@extschema@.outbox_status
+                   AND q.waiting_for = 'ordering_key'::@extschema@.outbox_wait
+                 ORDER BY q.id
+                 LIMIT 1) AS id
+          FROM unnest(keys) AS k(key)
+         WHERE NOT EXISTS (SELECT FROM @extschema@.outbox h
+                            WHERE h.ordering_key = k.key
+                              AND h.status = 'PENDING'::@extschema@.outbox_status
+                              AND h.waiting_for IS NULL)
+    ), released AS (
+        UPDATE @extschema@.outbox o SET waiting_for = NULL
+          FROM next
+         WHERE o.id = next.id
+        RETURNING o.id
+    )
+    SELECT count(*)::integer FROM released
+$$;
+
+-- The same per endpoint: once the claimable delivery of a key at an endpoint has ended, the
+-- oldest delivery waiting behind it becomes claimable (subscriptions and keys pairwise).
+CREATE OR REPLACE FUNCTION outbox_release_delivery_keys(subscriptions bigint[], keys text[]) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH next AS (
+        SELECT (SELECT q.message_id
+                  FROM @extschema@.outbox_delivery q
+                 WHERE q.subscription_id = e.subscription_id
+                   AND q.ordering_key = e.key
+                   AND q.status = 'PENDING'::@extschema@.outbox_status
+                   AND q.waiting_for = 'ordering_key'::@extschema@.outbox_wait
+                 ORDER BY q.message_id
+                 LIMIT 1) AS message_id,
+               e.subscription_id
+          FROM ROWS FROM (unnest(subscriptions), unnest(keys)) AS e(subscription_id, key)
+         WHERE NOT EXISTS (SELECT FROM @extschema@.outbox_delivery h
+                            WHERE h.subscription_id = e.subscription_id
+                              AND h.ordering_key = e.key
+                              AND h.status = 'PENDING'::@extschema@.outbox_status
+                              AND h.waiting_for IS NULL)
+    ), released AS (
+        UPDATE @extschema@.outbox_delivery d SET waiting_for = NULL
+          FROM next
+         WHERE d.message_id = next.message_id
+           AND d.subscription_id = next.subscription_id
+        RETURNING d.message_id
+    )
+    SELECT count(*)::integer FROM released
+$$;
 
 -- ======== sql/subscriptions.sql ========
 -- Managing subscriptions: which endpoints the delivery worker sends each topic's messages to
@@ -1576,7 +1673,9 @@ CREATE OR REPLACE FUNCTION outbox_stats() RETURNS TABLE (
     oldest_pending_age          interval,  -- age of the oldest PENDING message
     completed_last_minute       bigint,    -- DONE in the last minute: the drain rate
     dead_deliveries             bigint,    -- deliveries an endpoint gave up on
-    oldest_pending_delivery_age interval   -- age of the oldest message an endpoint has yet to take
+    oldest_pending_delivery_age interval,  -- age of the oldest message an endpoint has yet to take
+    blocked_keys                bigint,    -- ordering keys whose next message waits behind an earlier one
+    oldest_blocked_age          interval   -- age of the oldest message waiting behind its key
 )
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1586,28 +1685,39 @@ DECLARE
 BEGIN
     RETURN QUERY
     WITH live AS (
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
           FROM @extschema@.outbox o
-         WHERE o.status = 'PENDING'::@extschema@.outbox_status
+         WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for IS NULL
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+          FROM @extschema@.outbox o
+         WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'ordering_key'::@extschema@.outbox_wait
+        UNION ALL
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+          FROM @extschema@.outbox o
+         WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'deliveries'::@extschema@.outbox_wait
+        UNION ALL
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
           FROM @extschema@.outbox o
          WHERE o.status = 'DEAD'::@extschema@.outbox_status
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
           FROM @extschema@.outbox o
          WHERE o.status = 'DONE'::@extschema@.outbox_status AND o.processed_at > clock_now - interval '1 minute'
     ), messages AS (
         SELECT l.topic::text AS topic, GROUPING(l.topic) AS total,
                count(*) FILTER (WHERE l.status = 'PENDING') AS pending,
-               count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now) AS ready,
+               count(*) FILTER (WHERE l.status = 'PENDING' AND l.waiting_for IS NULL AND l.available_at <= clock_now) AS ready,
                count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at > clock_now AND l.lease_token IS NOT NULL) AS in_flight,
                count(*) FILTER (WHERE l.status = 'PENDING' AND l.attempts > 0 AND l.lease_token IS NULL
-                                  AND l.available_at <> '9999-12-31 00:00:00+00') AS retrying,
+                                  AND l.waiting_for IS NULL) AS retrying,
                count(*) FILTER (WHERE l.status = 'DEAD') AS dead,
-               clock_now - min(l.available_at) FILTER (WHERE l.status = 'PENDING' AND l.available_at <= clock_now) AS oldest_ready_age,
+               clock_now - min(l.available_at) FILTER (WHERE l.status = 'PENDING' AND l.waiting_for IS NULL
+                                                         AND l.available_at <= clock_now) AS oldest_ready_age,
                clock_now - min(l.created_at) FILTER (WHERE l.status = 'PENDING') AS oldest_pending_age,
-               count(*) FILTER (WHERE l.status = 'DONE') AS completed_last_minute
+               count(*) FILTER (WHERE l.status = 'DONE') AS completed_last_minute,
+               count(DISTINCT l.ordering_key) FILTER (WHERE l.waiting_for = 'ordering_key') AS blocked_keys,
+               clock_now - min(l.created_at) FILTER (WHERE l.waiting_for = 'ordering_key') AS oldest_blocked_age
           FROM live l
          GROUP BY GROUPING SETS ((l.topic), ())
     ), deliveries AS (
@@ -1615,7 +1725,10 @@ BEGIN
                count(*) FILTER (WHERE d.status = 'DEAD') AS dead,
                clock_now - min(m.created_at) FILTER (WHERE d.status = 'PENDING') AS oldest_pending_age
           FROM (SELECT p.message_id, p.status FROM @extschema@.outbox_delivery p
-                 WHERE p.status = 'PENDING'::@extschema@.outbox_status
+                 WHERE p.status = 'PENDING'::@extschema@.outbox_status AND p.waiting_for IS NULL
+                UNION ALL
+                SELECT w.message_id, w.status FROM @extschema@.outbox_delivery w
+                 WHERE w.status = 'PENDING'::@extschema@.outbox_status AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait
                 UNION ALL
                 SELECT e.message_id, e.status FROM @extschema@.outbox_delivery e
                  WHERE e.status = 'DEAD'::@extschema@.outbox_status) d
@@ -1623,7 +1736,8 @@ BEGIN
          GROUP BY GROUPING SETS ((m.topic), ())
     )
     SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
-           ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age
+           ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age,
+           ms.blocked_keys, ms.oldest_blocked_age
       FROM messages ms
       LEFT JOIN deliveries ds ON ds.total = ms.total AND ds.topic IS NOT DISTINCT FROM ms.topic
      ORDER BY ms.topic NULLS FIRST;
@@ -1631,7 +1745,7 @@ END
 $$;
 
 COMMENT ON FUNCTION outbox_stats() IS
-'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, per topic and in total (topic NULL).';
+'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, the ordering keys held back and the age of the oldest message waiting behind its key, per topic and in total (topic NULL).';
 
 -- For monitoring roles and exporters: SELECT * FROM outbox_monitoring.
 CREATE OR REPLACE VIEW outbox_monitoring AS SELECT * FROM outbox_stats();
@@ -1666,13 +1780,17 @@ AS $$
       FROM @extschema@.outbox_subscription s
       LEFT JOIN LATERAL (
             SELECT count(*) AS pending,
-                   count(*) FILTER (WHERE d.available_at <= clock_timestamp() AND NOT d.leased) AS ready,
+                   count(*) FILTER (WHERE d.available_at <= clock_timestamp() AND NOT d.leased AND d.waiting_for IS NULL) AS ready,
                    count(*) FILTER (WHERE d.leased) AS in_flight,
-                   count(*) FILTER (WHERE NOT d.leased AND d.attempts > 0) AS retrying,
+                   count(*) FILTER (WHERE NOT d.leased AND d.attempts > 0 AND d.waiting_for IS NULL) AS retrying,
                    clock_timestamp() - min(m.created_at) AS oldest_pending_age
-              FROM @extschema@.outbox_delivery d
-              JOIN @extschema@.outbox m ON m.id = d.message_id
-             WHERE d.subscription_id = s.id AND d.status = 'PENDING'::@extschema@.outbox_status) p ON true
+              FROM (SELECT r.message_id, r.available_at, r.leased, r.attempts, r.waiting_for FROM @extschema@.outbox_delivery r
+                     WHERE r.subscription_id = s.id AND r.status = 'PENDING'::@extschema@.outbox_status AND r.waiting_for IS NULL
+                    UNION ALL
+                    SELECT w.message_id, w.available_at, w.leased, w.attempts, w.waiting_for FROM @extschema@.outbox_delivery w
+                     WHERE w.subscription_id = s.id AND w.status = 'PENDING'::@extschema@.outbox_status
+                       AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) d
+              JOIN @extschema@.outbox m ON m.id = d.message_id) p ON true
      ORDER BY s.id
 $$;
 
@@ -1690,6 +1808,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     requeued integer;
+    keys     text[];
 BEGIN
     WITH dead AS (
         SELECT o.id
@@ -1707,14 +1826,23 @@ BEGIN
     ), messages AS (
         UPDATE @extschema@.outbox o
            SET status = 'PENDING', attempts = 0, processed_at = NULL, lease_token = NULL,
-               -- with deliveries, the message waits for them again
-               available_at = CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id = o.id)
-                                   THEN '9999-12-31 00:00:00+00' ELSE clock_timestamp() END
+               available_at = clock_timestamp(),
+               -- With deliveries, the message waits for them again; with an ordering key, it
+               -- queues behind the key's messages (released below when the key has none).
+               waiting_for = CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id = o.id)
+                                  THEN 'deliveries'::@extschema@.outbox_wait
+                                  WHEN o.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait
+                             END
           FROM dead
          WHERE o.id = dead.id
-        RETURNING o.id
+        RETURNING o.id, o.ordering_key, o.waiting_for
     )
-    SELECT count(*) INTO requeued FROM messages;
+    SELECT count(*), array_agg(DISTINCT m.ordering_key) FILTER (WHERE m.waiting_for = 'ordering_key')
+      INTO requeued, keys
+      FROM messages m;
+    IF keys IS NOT NULL THEN
+        PERFORM @extschema@.outbox_release_keys(keys);
+    END IF;
     IF requeued > 0 THEN
         PERFORM @extschema@.outbox_wake_worker_at_commit();
     END IF;
@@ -1882,6 +2010,7 @@ AS $$
 DECLARE
     endpoint_topic text;
     scheduled      integer;
+    keys           text[];
 BEGIN
     IF outbox_redeliver.subscription_id IS NULL THEN
         RAISE EXCEPTION 'outbox_redeliver: subscription_id must not be NULL'
@@ -1897,28 +2026,40 @@ BEGIN
     END IF;
 
     WITH chosen AS (
-        SELECT o.id
+        SELECT o.id, o.ordering_key
           FROM @extschema@.outbox o
          WHERE o.topic = endpoint_topic
            AND (outbox_redeliver.message_ids IS NULL OR o.id = ANY (outbox_redeliver.message_ids))
            AND (outbox_redeliver.message_ids IS NOT NULL OR outbox_redeliver.since IS NULL
                 OR o.created_at >= outbox_redeliver.since)
-           AND NOT (o.status = 'PENDING'::@extschema@.outbox_status AND o.available_at <> '9999-12-31 00:00:00+00')
+           AND NOT (o.status = 'PENDING'::@extschema@.outbox_status
+                    AND o.waiting_for IS DISTINCT FROM 'deliveries'::@extschema@.outbox_wait)
          ORDER BY o.id
            FOR UPDATE
     ), deliveries AS (
-        INSERT INTO @extschema@.outbox_delivery AS d (message_id, subscription_id)
-        SELECT c.id, outbox_redeliver.subscription_id FROM chosen c
+        -- With an ordering key, a replayed delivery queues behind the key's (released below).
+        INSERT INTO @extschema@.outbox_delivery AS d (message_id, subscription_id, ordering_key, waiting_for)
+        SELECT c.id, outbox_redeliver.subscription_id, c.ordering_key,
+               CASE WHEN c.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait END
+          FROM chosen c
         ON CONFLICT (message_id, subscription_id) DO UPDATE
-           SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(), processed_at = NULL, leased = false
-        RETURNING d.message_id
+           SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(), processed_at = NULL, leased = false,
+               waiting_for = EXCLUDED.waiting_for
+        RETURNING d.message_id, d.ordering_key
     ), reopened AS (
         UPDATE @extschema@.outbox o
-           SET status = 'PENDING', processed_at = NULL, lease_token = NULL, available_at = '9999-12-31 00:00:00+00'
+           SET status = 'PENDING', processed_at = NULL, lease_token = NULL,
+               waiting_for = 'deliveries'::@extschema@.outbox_wait
           FROM deliveries d
          WHERE o.id = d.message_id
     )
-    SELECT count(*) INTO scheduled FROM deliveries;
+    SELECT count(*), array_agg(DISTINCT d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL)
+      INTO scheduled, keys
+      FROM deliveries d;
+    IF keys IS NOT NULL THEN
+        PERFORM @extschema@.outbox_release_delivery_keys(
+            array_fill(outbox_redeliver.subscription_id, ARRAY[cardinality(keys)]), keys);
+    END IF;
     IF scheduled > 0 THEN
         PERFORM @extschema@.outbox_wake_worker_at_commit();
     END IF;
@@ -2012,8 +2153,8 @@ GRANT EXECUTE ON FUNCTION
 TO PUBLIC;
 
 GRANT EXECUTE ON FUNCTION
-    outbox_enqueue(text, jsonb, interval, text),
-    outbox_enqueue_batch(text, jsonb[], interval)
+    outbox_enqueue(text, jsonb, interval, text, text, jsonb),
+    outbox_enqueue_batch(text, jsonb[], interval, text)
 TO outbox_producer;
 
 GRANT EXECUTE ON FUNCTION
@@ -2067,10 +2208,25 @@ DO $keep_grants$
 DECLARE
     saved pg_catalog.jsonb;
     still_there boolean;
+    successor text;
 BEGIN
     FOR saved IN SELECT * FROM pg_catalog.jsonb_array_elements(pg_catalog.current_setting('outbox_ext_upgrade.grants')::pg_catalog.jsonb) LOOP
         IF saved OPERATOR(pg_catalog.->>) 0 OPERATOR(pg_catalog.=) 'FUNCTION' THEN
             still_there := pg_catalog.to_regprocedure(saved OPERATOR(pg_catalog.->>) 1) IS NOT NULL;
+            IF NOT still_there THEN
+                -- A function whose arguments changed: the grant goes to its one successor of the
+                -- same name, if it has exactly one.
+                SELECT pg_catalog.min(p.oid::pg_catalog.regprocedure::pg_catalog.text), pg_catalog.count(*) OPERATOR(pg_catalog.=) 1
+                  INTO successor, still_there
+                  FROM pg_catalog.pg_proc p
+                  JOIN pg_catalog.pg_depend d ON d.objid OPERATOR(pg_catalog.=) p.oid
+                   AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                   AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                  JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+                   AND e.extname OPERATOR(pg_catalog.=) 'outbox_ext'
+                 WHERE p.proname OPERATOR(pg_catalog.=) pg_catalog.split_part(saved OPERATOR(pg_catalog.->>) 1, '(', 1);
+                saved := pg_catalog.jsonb_set(saved, '{1}', pg_catalog.to_jsonb(successor));
+            END IF;
         ELSE
             still_there := pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1) IS NOT NULL;
         END IF;

@@ -66,8 +66,8 @@ GRANT EXECUTE ON FUNCTION
 TO PUBLIC;
 
 GRANT EXECUTE ON FUNCTION
-    outbox_enqueue(text, jsonb, interval, text),
-    outbox_enqueue_batch(text, jsonb[], interval)
+    outbox_enqueue(text, jsonb, interval, text, text, jsonb),
+    outbox_enqueue_batch(text, jsonb[], interval, text)
 TO outbox_producer;
 
 GRANT EXECUTE ON FUNCTION

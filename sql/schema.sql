@@ -9,11 +9,16 @@
 -- per row written (see the note on constraints below).
 CREATE TYPE outbox_status AS ENUM ('PENDING', 'DONE', 'DEAD');
 
+-- Why a PENDING message (or delivery) that is due is not claimable: it waits behind an earlier
+-- message of its ordering_key, or (a message only) for its deliveries. NULL: claimable.
+CREATE TYPE outbox_wait AS ENUM ('ordering_key', 'deliveries');
+
 -- The outbox table: one row per piece of work the application owes.
 --
 -- Column order follows the essay; the columns after created_at are what the design adds:
 -- dedupe_key lets a producer enqueue "at most once per key", lease_token identifies the
--- consumer currently holding a claimed message.
+-- consumer currently holding a claimed message, ordering_key hands out messages that share it
+-- one at a time in enqueue order, waiting_for says why a due message is not claimable.
 CREATE TABLE outbox (
     id           bigserial    PRIMARY KEY,
     -- The idempotency key every consumer and receiver sees. Time-ordered (UUIDv7), so its
@@ -36,6 +41,11 @@ CREATE TABLE outbox (
     created_at   timestamptz  NOT NULL DEFAULT now(),
     dedupe_key   text,
     lease_token  uuid,
+    ordering_key text,
+    waiting_for  outbox_wait,
+    -- String-valued headers the producer gave the message: consumers see them, the delivery
+    -- worker sends them with every attempt (W3C traceparent, a tenant id, …).
+    headers      jsonb,
     CONSTRAINT outbox_public_id_key UNIQUE (public_id)
 );
 
@@ -48,9 +58,11 @@ CREATE TABLE outbox (
 
 COMMENT ON TABLE outbox IS 'Work owed by committed transactions: PENDING until a consumer completes it (DONE) or it runs out of attempts (DEAD).';
 
--- The claim query seeks here: only pending rows are indexed, in the order they become ready,
--- so neither a sort nor the (eventually huge) DONE history is ever visited.
-CREATE INDEX outbox_ready_idx ON outbox (available_at, id) WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status;
+-- The claim query seeks here: only claimable pending rows are indexed, in the order they become
+-- ready, so neither a sort, nor the (eventually huge) DONE history, nor the messages waiting
+-- behind their ordering key or for their deliveries is ever visited.
+CREATE INDEX outbox_ready_idx ON outbox (available_at, id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL;
 
 -- "Enqueue once per key and topic": the arbiter of INSERT … ON CONFLICT in outbox_enqueue.
 CREATE UNIQUE INDEX outbox_dedupe_key_idx ON outbox (topic, dedupe_key) WHERE dedupe_key IS NOT NULL;
@@ -109,13 +121,24 @@ SELECT id, topic, url, secret IS NOT NULL AS signed,
 
 -- ======== new in 0.4.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
 
+-- Per ordering key, at most one message is claimable (the head: the oldest PENDING one); the
+-- others wait behind it, in enqueue order, until it ends (DONE or DEAD) or is handed to the
+-- delivery worker (src/ordering). The database enforces the one head.
+CREATE UNIQUE INDEX outbox_key_head_idx ON outbox (ordering_key)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL AND ordering_key IS NOT NULL;
+CREATE INDEX outbox_key_queue_idx ON outbox (ordering_key, id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::outbox_wait;
+
+-- Messages handed to the delivery worker wait for their deliveries; the numbers count them here.
+CREATE INDEX outbox_handed_over_idx ON outbox (id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for OPERATOR(pg_catalog.=) 'deliveries'::outbox_wait;
+
 -- Deliveries: one message to one endpoint (subscription). The delivery worker makes them when
 -- it first picks a message up, one for each enabled subscription of its topic, and each then
 -- lives the message's life on its own: attempts, backoff, a lease while a request is in flight,
 -- DONE or DEAD. An endpoint that took a message never gets it again because another failed.
--- The message stays PENDING until all its deliveries have ended, its available_at set to
--- 9999-12-31 (readable by every client library, unlike 'infinity'), so that no claim takes it;
--- then it is DONE, or DEAD if any of them is.
+-- The message stays PENDING until all its deliveries have ended (waiting_for 'deliveries', so
+-- that no claim takes it); then it is DONE, or DEAD if any of them is.
 CREATE TABLE outbox_delivery (
     message_id      bigint        NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
     subscription_id bigint        NOT NULL REFERENCES outbox_subscription (id) ON DELETE CASCADE,
@@ -131,13 +154,22 @@ CREATE TABLE outbox_delivery (
     created_at      timestamptz   NOT NULL DEFAULT now(),
     -- When it became DONE or DEAD.
     processed_at    timestamptz,
+    -- The message's ordering_key: an endpoint gets a key's messages one at a time, in order.
+    ordering_key    text,
+    waiting_for     outbox_wait,
     PRIMARY KEY (message_id, subscription_id)
 );
 COMMENT ON TABLE outbox_delivery IS 'One message to one endpoint: its own attempts, backoff, lease and outcome.';
 
 -- The worker claims each endpoint's due deliveries here, oldest first.
 CREATE INDEX outbox_delivery_ready_idx ON outbox_delivery (subscription_id, available_at, message_id)
-    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status;
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL;
+-- Per endpoint and ordering key, at most one delivery is claimable (the head); the others wait
+-- in message order.
+CREATE UNIQUE INDEX outbox_delivery_key_head_idx ON outbox_delivery (subscription_id, ordering_key)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL AND ordering_key IS NOT NULL;
+CREATE INDEX outbox_delivery_key_queue_idx ON outbox_delivery (subscription_id, ordering_key, message_id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::outbox_wait;
 -- Dead deliveries, for the numbers (only those: a DONE delivery is history, and each index
 -- costs every delivery a write).
 CREATE INDEX outbox_delivery_dead_idx ON outbox_delivery (subscription_id)

@@ -23,6 +23,7 @@ mod error;
 mod fail;
 mod fmgr;
 mod interval;
+mod ordering;
 mod pg_tests;
 mod policy;
 mod settings;

@@ -5,6 +5,14 @@
 DROP INDEX outbox_dedupe_key_idx;
 CREATE UNIQUE INDEX outbox_dedupe_key_idx ON outbox (topic, dedupe_key) WHERE dedupe_key IS NOT NULL;
 
+-- Ordering keys, and why a due message waits (sql/schema.sql). The ready index leaves out the
+-- messages that wait: made again (which reads the table once).
+CREATE TYPE outbox_wait AS ENUM ('ordering_key', 'deliveries');
+ALTER TABLE outbox ADD COLUMN ordering_key text, ADD COLUMN waiting_for outbox_wait, ADD COLUMN headers jsonb;
+DROP INDEX outbox_ready_idx;
+CREATE INDEX outbox_ready_idx ON outbox (available_at, id)
+    WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL;
+
 -- The dead-letter rule's text moved into src/policy.rs.
 DROP FUNCTION outbox_exhausted_error(integer, integer, uuid, text);
 
@@ -12,3 +20,8 @@ DROP FUNCTION outbox_exhausted_error(integer, integer, uuid, text);
 -- are made again (sql/operations.sql); the users' grants on them are kept.
 DROP VIEW outbox_monitoring;
 DROP FUNCTION outbox_stats();
+
+-- outbox_enqueue gains ordering_key and headers, outbox_enqueue_batch ordering_key: new
+-- signatures, made in sql/api.sql (the grants users gave on the old ones move to the new).
+DROP FUNCTION outbox_enqueue(text, jsonb, interval, text);
+DROP FUNCTION outbox_enqueue_batch(text, jsonb[], interval);

@@ -9,7 +9,7 @@
 use crate::error::{raise, OutboxError};
 use crate::fmgr::{required, sql_function, SetResult};
 use crate::spi::{schema_of_function, Spi, Statement};
-use crate::{interval, settings, topic};
+use crate::{interval, ordering, settings, topic};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::cmp::Ordering;
@@ -71,7 +71,8 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     if !exhausted.is_empty() {
         let ids: Vec<i64> = exhausted.iter().map(|m| m.id).collect();
         let reasons: Vec<String> = exhausted.iter().map(|m| policy.exhausted_reason(m.attempts, m.held_under_a_lease)).collect();
-        spi.execute(&DEAD_LETTER, schema, &[ids.into_datum(), Some(claimed_at), reasons.into_datum()]);
+        let keys = spi.execute(&DEAD_LETTER, schema, &[ids.into_datum(), Some(claimed_at), reasons.into_datum()]).datum(0, 1);
+        ordering::release_message_keys(&mut spi, schema, keys);
     }
 
     if lease.is_none() {

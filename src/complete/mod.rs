@@ -9,6 +9,7 @@
 
 use crate::error::{raise, OutboxError};
 use crate::fmgr::{required, sql_function, Args};
+use crate::ordering;
 use crate::spi::{schema_of_function, Spi, Statement};
 use pgrx::datum::{Array, IntoDatum, Uuid};
 use pgrx::pg_sys::{self, BuiltinOid::*};
@@ -17,16 +18,19 @@ static WITH_TOKENS: Statement = Statement::new(include_str!("with_tokens.sql"), 
 static ANY_HOLDER: Statement = Statement::new(include_str!("any_holder.sql"), &[INT8ARRAYOID]);
 
 /// Marks the PENDING messages among `ids` DONE (each only while its element of `tokens`, if
-/// any, still holds it); returns how many.
+/// any, still holds it), and lets the next message of their ordering keys go; returns how many.
 fn complete(args: &Args, ids: Option<pg_sys::Datum>, tokens: Option<pg_sys::Datum>) -> usize {
     let schema = schema_of_function(args.fcinfo());
     let mut spi = Spi::connect();
-    let completed = match tokens {
-        Some(_) => spi.execute(&WITH_TOKENS, schema, &[ids, tokens]).len(),
-        None => spi.execute(&ANY_HOLDER, schema, &[ids]).len(),
+    let done = match tokens {
+        Some(_) => spi.execute(&WITH_TOKENS, schema, &[ids, tokens]),
+        None => spi.execute(&ANY_HOLDER, schema, &[ids]),
     };
+    let completed: i64 = done.get(0, 1).unwrap_or(0);
+    let keys = done.datum(0, 2);
+    ordering::release_message_keys(&mut spi, schema, keys);
     spi.finish();
-    completed
+    completed as usize
 }
 
 // outbox_complete(id bigint, lease_token uuid) RETURNS boolean

@@ -4,21 +4,27 @@
 //!
 //! A `dedupe_key` makes the enqueue "at most once per key and topic": a second enqueue with the
 //! key gets back only the id and public_id of the message that holds it (its payload NULL says
-//! it was a duplicate), never the content of another producer's message.
+//! it was a duplicate), never the content of another producer's message. An `ordering_key`
+//! queues the message behind the earlier ones of its key (src/ordering). `headers` travel with
+//! the message to consumers and endpoints.
 
 use crate::error::{or_raise, raise, OutboxError};
 use crate::fmgr::{required, sql_function, Args, SetResult};
 use crate::spi::{schema_of_function, Spi, Statement};
-use crate::{interval, text, topic, worker};
+use crate::{interval, subscriptions, text, topic, worker};
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::cmp::Ordering;
 
 /// dedupe_key's limit, in characters.
 pub const MAX_DEDUPE_KEY_CHARS: usize = 255;
 
-static INSERT: Statement = Statement::new(include_str!("insert.sql"), &[TEXTOID, JSONBOID, INTERVALOID]);
+static INSERT: Statement = Statement::new(include_str!("insert.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID]);
 static INSERT_ONCE_PER_KEY: Statement =
-    Statement::new(include_str!("insert_once_per_key.sql"), &[TEXTOID, JSONBOID, INTERVALOID, TEXTOID]);
+    Statement::new(include_str!("insert_once_per_key.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID, TEXTOID]);
+static INSERT_KEY_HEAD: Statement =
+    Statement::new(include_str!("insert_key_head.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID, TEXTOID, TEXTOID]);
+static INSERT_BEHIND_HEAD: Statement =
+    Statement::new(include_str!("insert_behind_head.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID, TEXTOID, TEXTOID]);
 static KEY_HOLDER: Statement = Statement::new(include_str!("key_holder.sql"), &[TEXTOID, TEXTOID]);
 static INSERT_BATCH: Statement = Statement::new(include_str!("insert_batch.sql"), &[TEXTOID, JSONBARRAYOID, INTERVALOID]);
 
@@ -34,17 +40,63 @@ fn checked_delay(function: &'static str, args: &Args, n: usize) -> pg_sys::Datum
     args.datum(n).expect("not NULL")
 }
 
-/// The `dedupe_key` argument: NULL for none, else not empty and at most 255 characters.
-fn check_dedupe_key(function: &'static str, key: &[u8]) {
+/// A `dedupe_key` or `ordering_key` argument: NULL for none, else not empty and at most 255
+/// characters.
+fn check_key(function: &'static str, argument: &'static str, key: &[u8]) {
     if key.is_empty() {
-        raise(OutboxError::invalid(function, "dedupe_key", "must not be empty (pass NULL for no key)"));
+        raise(OutboxError::invalid(function, argument, "must not be empty (pass NULL for no key)"));
     }
     if text::server_chars(key) > MAX_DEDUPE_KEY_CHARS {
-        raise(OutboxError::too_long(function, "dedupe_key", format!("is longer than {MAX_DEDUPE_KEY_CHARS} characters")));
+        raise(OutboxError::too_long(function, argument, format!("is longer than {MAX_DEDUPE_KEY_CHARS} characters")));
     }
 }
 
-// outbox_enqueue(topic text, payload jsonb, delay interval, dedupe_key text) RETURNS outbox
+/// The `headers` argument: NULL for none, else what a subscription's extra headers may be.
+fn check_headers(function: &'static str, args: &Args, n: usize) {
+    if let Some(headers) = args.datum(n) {
+        // SAFETY: the argument is declared jsonb.
+        let headers: serde_json::Value = serde_json::from_str(&unsafe { subscriptions::jsonb_text(headers) }).unwrap_or_default();
+        or_raise(subscriptions::check_headers(&headers).map_err(|why| OutboxError::invalid(function, "headers", why)));
+    }
+}
+
+/// Inserts one message (the arguments in the order of insert_key_head.sql) and returns its row,
+/// or the duplicate's (id, public_id, topic and key only) when its dedupe_key is taken.
+fn insert(spi: &mut Spi, schema: pg_sys::Oid, arguments: [Option<pg_sys::Datum>; 6]) -> Option<pg_sys::Datum> {
+    let [topic, payload, delay, headers, dedupe_key, ordering_key] = arguments;
+    // Each loop ends in one of its returns unless a row it relies on vanished in between (a
+    // key's holder discarded or purged, a head that ended): then it tries again.
+    loop {
+        if ordering_key.is_some() {
+            let head = spi.execute(&INSERT_KEY_HEAD, schema, &arguments);
+            if !head.is_empty() {
+                return head.datum_for_caller(0, 1);
+            }
+        } else if dedupe_key.is_some() {
+            let inserted = spi.execute(&INSERT_ONCE_PER_KEY, schema, &[topic, payload, delay, headers, dedupe_key]);
+            if !inserted.is_empty() {
+                return inserted.datum_for_caller(0, 1);
+            }
+        } else {
+            return spi.execute(&INSERT, schema, &[topic, payload, delay, headers]).datum_for_caller(0, 1);
+        }
+        if dedupe_key.is_some() {
+            let holder = spi.execute(&KEY_HOLDER, schema, &[topic, dedupe_key]);
+            if !holder.is_empty() {
+                return holder.datum_for_caller(0, 1);
+            }
+        }
+        if ordering_key.is_some() {
+            let behind = spi.execute(&INSERT_BEHIND_HEAD, schema, &arguments);
+            if !behind.is_empty() {
+                return behind.datum_for_caller(0, 1);
+            }
+        }
+    }
+}
+
+// outbox_enqueue(topic text, payload jsonb, delay interval, dedupe_key text, ordering_key text,
+// headers jsonb) RETURNS outbox
 sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     const FUNCTION: &str = "outbox_enqueue";
     topic::require_valid(FUNCTION, "topic", args.text(0).as_deref());
@@ -52,37 +104,26 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
         raise(OutboxError::null(FUNCTION, "payload").with_hint(EMPTY_PAYLOAD_HINT));
     }
     let delay = checked_delay(FUNCTION, &args, 2);
-    if let Some(key) = args.text_bytes(3) {
-        check_dedupe_key(FUNCTION, key);
+    for (n, argument) in [(3, "dedupe_key"), (4, "ordering_key")] {
+        if let Some(key) = args.text_bytes(n) {
+            check_key(FUNCTION, argument, key);
+        }
     }
+    check_headers(FUNCTION, &args, 5);
 
     // When this transaction commits, an idle delivery worker starts at once.
     worker::wake_at_commit();
 
     let schema = schema_of_function(args.fcinfo());
-    let (topic, payload, key) = (args.datum(0), args.datum(1), args.datum(3));
     let mut spi = Spi::connect();
-    let message = if key.is_none() {
-        spi.execute(&INSERT, schema, &[topic, payload, Some(delay)]).datum_for_caller(0, 1)
-    } else {
-        // Either our insert or the key's holder; the loop covers a holder deleted (discarded
-        // or purged) between the two statements.
-        loop {
-            let inserted = spi.execute(&INSERT_ONCE_PER_KEY, schema, &[topic, payload, Some(delay), key]);
-            if !inserted.is_empty() {
-                break inserted.datum_for_caller(0, 1);
-            }
-            let holder = spi.execute(&KEY_HOLDER, schema, &[topic, key]);
-            if !holder.is_empty() {
-                break holder.datum_for_caller(0, 1);
-            }
-        }
-    };
+    let arguments = [args.datum(0), args.datum(1), Some(delay), args.datum(5), args.datum(3), args.datum(4)];
+    let message = insert(&mut spi, schema, arguments);
     spi.finish();
     message.unwrap_or_else(|| or_raise(Err(OutboxError::Internal("outbox_enqueue: the insert returned no row".into()))))
 });
 
-// outbox_enqueue_batch(topic text, payloads jsonb[], delay interval) RETURNS SETOF outbox
+// outbox_enqueue_batch(topic text, payloads jsonb[], delay interval, ordering_key text)
+// RETURNS SETOF outbox
 sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     const FUNCTION: &str = "outbox_enqueue_batch";
     topic::require_valid(FUNCTION, "topic", args.text(0).as_deref());
@@ -95,6 +136,9 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
         raise(OutboxError::null_element(FUNCTION, "payloads"));
     }
     let delay = checked_delay(FUNCTION, &args, 2);
+    if let Some(key) = args.text_bytes(3) {
+        check_key(FUNCTION, "ordering_key", key);
+    }
     if dimensions == 0 {
         return SetResult::begin(&args).finish(); // an empty array: nothing to record
     }
@@ -103,9 +147,19 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     let schema = schema_of_function(args.fcinfo());
     let mut result = SetResult::begin(&args);
     let mut spi = Spi::connect();
-    let rows = spi.execute(&INSERT_BATCH, schema, &[args.datum(0), Some(payloads), Some(delay)]);
-    for row in 0..rows.len() {
-        result.push_row(rows.datum(row, 1).expect("a whole row is never NULL"));
+    if args.is_null(3) {
+        let rows = spi.execute(&INSERT_BATCH, schema, &[args.datum(0), Some(payloads), Some(delay)]);
+        for row in 0..rows.len() {
+            result.push_row(rows.datum(row, 1).expect("a whole row is never NULL"));
+        }
+    } else {
+        // One key for the batch: each message behind the one before, in the payloads' order.
+        for payload in array_elements(payloads) {
+            let arguments = [args.datum(0), Some(payload), Some(delay), None, None, args.datum(3)];
+            if let Some(row) = insert(&mut spi, schema, arguments) {
+                result.push_row(row);
+            }
+        }
     }
     spi.finish();
     result.finish()
@@ -117,3 +171,16 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
 sql_function!(outbox_uuid_v7_wrapper, pg_finfo_outbox_uuid_v7_wrapper, |_args| {
     pgrx::datum::IntoDatum::into_datum(pgrx::datum::Uuid::from_bytes(*uuid::Uuid::now_v7().as_bytes())).expect("a uuid")
 });
+
+/// The elements of a one-dimensional jsonb[] without NULLs (checked by the caller), in order.
+fn array_elements(array: pg_sys::Datum) -> Vec<pg_sys::Datum> {
+    // SAFETY: `array` is a jsonb[] datum; deconstruct_array gives palloc'd elements valid for the
+    // call.
+    unsafe {
+        let array = pg_sys::pg_detoast_datum(array.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+        let (mut elements, mut nulls, mut count) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        pg_sys::deconstruct_array(array, pg_sys::JSONBOID, -1, false, pg_sys::TYPALIGN_INT as std::ffi::c_char,
+                                  &mut elements, &mut nulls, &mut count);
+        (0..count as usize).map(|i| *elements.add(i)).collect()
+    }
+}

@@ -8,7 +8,7 @@ use crate::error::{raise, OutboxError};
 use crate::fmgr::{null_result, required, sql_function};
 use crate::policy::{AfterFailure, MAX_ERROR_CHARS};
 use crate::spi::{schema_of_function, Spi, Statement};
-use crate::{interval, settings};
+use crate::{interval, ordering, settings};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::BuiltinOid::*;
 
@@ -48,7 +48,9 @@ sql_function!(outbox_fail_c, pg_finfo_outbox_fail_c, |args| {
             "PENDING"
         }
         AfterFailure::Dead => {
-            spi.execute(&DEAD_LETTER, schema, &[id.into_datum(), attempts.into_datum(), args.datum(1), MAX_ERROR_CHARS.into_datum()]);
+            let arguments = [id.into_datum(), attempts.into_datum(), args.datum(1), MAX_ERROR_CHARS.into_datum()];
+            let key = spi.execute(&DEAD_LETTER, schema, &arguments).datum(0, 1);
+            ordering::release_message_keys(&mut spi, schema, key);
             "DEAD"
         }
     };

@@ -40,6 +40,8 @@ pub struct Message {
     pub topic: String,
     pub body: Vec<u8>,
     pub attempt: i32,
+    /// The producer's headers for this message (`outbox_enqueue(…, headers => …)`).
+    pub headers: Vec<(String, String)>,
 }
 
 /// What came back from one request.
@@ -178,6 +180,13 @@ pub fn send(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Answ
     }
     for (name, value) in &endpoint.headers {
         request = request.header(name, value);
+    }
+    // The producer's headers, except those the subscription sets itself (its credentials, say,
+    // are the administrator's, not a producer's to replace).
+    for (name, value) in &message.headers {
+        if !endpoint.headers.iter().any(|(own, _)| own.eq_ignore_ascii_case(name)) {
+            request = request.header(name, value);
+        }
     }
     match request.send(message.body.as_slice()) {
         Ok(mut response) => {

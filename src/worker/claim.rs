@@ -4,7 +4,8 @@
 //! is dead-lettered here instead (policy.rs decides, as for `outbox_claim`).
 
 use super::endpoints::{Endpoints, LEASE_MARGIN};
-use crate::interval;
+use super::record;
+use crate::{interval, ordering};
 use crate::policy::RetryPolicy;
 use crate::spi::{Spi, Statement};
 use crate::webhook::Message;
@@ -26,11 +27,12 @@ pub struct Claimed {
 }
 
 /// Makes the deliveries of up to `batch` ready messages of the delivered topics; marks the
-/// endpoints that got some as due. Returns how many messages it picked up.
-pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, batch: i32, now: pg_sys::TimestampTz) -> usize {
+/// endpoints that got some as due. Returns whether more messages may be ready now (the batch
+/// was full, or ordering keys were released: their next messages are ready).
+pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, batch: i32, now: pg_sys::TimestampTz) -> bool {
     let topics = endpoints.topics();
     if topics.is_empty() {
-        return 0;
+        return false;
     }
     let rows = spi.execute(&FAN_OUT, schema, &[Some(pg_sys::Datum::from(now)), topics.into_datum(), batch.into_datum()]);
     let picked_up: i64 = rows.get(0, 1).unwrap_or(0);
@@ -39,7 +41,9 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
             state.due_now = true;
         }
     }
-    picked_up as usize
+    let released_keys = rows.datum(0, 3);
+    ordering::release_message_keys(spi, schema, released_keys);
+    picked_up == i64::from(batch) || released_keys.is_some()
 }
 
 /// Leases up to `slots` due deliveries of endpoint `subscription_id`, within `byte_budget`
@@ -71,7 +75,10 @@ pub fn claim_for_endpoint(
     if !exhausted.is_empty() {
         let ids: Vec<i64> = exhausted.iter().map(|&(id, _, _)| id).collect();
         let reasons: Vec<String> = exhausted.iter().map(|&(_, attempts, _)| policy.exhausted_reason(attempts, true)).collect();
-        spi.execute(&DEAD_LETTER, schema, &[subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()]);
+        let dead = spi.execute(&DEAD_LETTER, schema, &[subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()]);
+        let (messages, endpoints_with_keys, keys) = (dead.get::<Vec<i64>>(0, 1).unwrap_or_default(), dead.datum(0, 2), dead.datum(0, 3));
+        ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
+        record::settle_messages(spi, schema, messages);
     }
     let chosen = fitting(&live.iter().map(|&(id, _, bytes)| (id, bytes)).collect::<Vec<_>>(), byte_budget, nothing_in_flight);
     if chosen.len() < live.len() {
@@ -98,12 +105,18 @@ pub fn claim_for_endpoint(
                 topic: leased.get_text(row, 4).expect("topic"),
                 // The database's encoding to UTF-8 (SQL_ASCII bytes that are not UTF-8: U+FFFD).
                 body: leased.get_text(row, 5).expect("body").into_bytes(),
+                headers: pairs(leased.get_text_array(row, 6)),
             }),
         })
         .collect();
     // Oldest due first, as they were locked.
     claimed.sort_by_key(|c| chosen.iter().position(|&id| id == c.message_id));
     claimed
+}
+
+/// [name, value, name, value, …] as pairs.
+pub fn pairs(flat: Vec<String>) -> Vec<(String, String)> {
+    flat.chunks(2).map(|pair| (pair[0].clone(), pair.get(1).cloned().unwrap_or_default())).collect()
 }
 
 /// The deliveries (message, payload bytes) that fit `budget` bytes, in order; the first one

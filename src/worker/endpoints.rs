@@ -73,7 +73,7 @@ impl Endpoints {
             let endpoint = Arc::new(Endpoint {
                 url,
                 signing_key,
-                headers: headers.chunks(2).map(|pair| (pair[0].clone(), pair.get(1).cloned().unwrap_or_default())).collect(),
+                headers: super::claim::pairs(headers),
                 timeout,
             });
             let (in_flight, due_now, next_due) = match self.by_id.get(&id) {

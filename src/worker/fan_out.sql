@@ -1,21 +1,30 @@
 -- The worker picks up ready messages of the topics it delivers ($2), oldest ready first, at
 -- most $3, skipping rows a SQL consumer holds; $1 is the clock. Each gets one delivery per
 -- enabled subscription of its topic, which starts where the message stood (its attempts and
--- last error: a message that was backing off keeps its schedule). The message then waits for
--- its deliveries: an available_at in the year 9999 takes it out of every claim. Returns how
--- many messages it picked up and the endpoints that got new deliveries.
+-- last error: a message that was backing off keeps its schedule) and, with an ordering key,
+-- waits behind the endpoint's pending delivery of that key, if any. The message then waits for
+-- its deliveries (no claim takes it) and releases its key: from here the order holds per
+-- endpoint. Returns how many messages it picked up, the endpoints that got new deliveries, and
+-- the ordering keys released (for src/ordering).
 WITH ready AS (
-    SELECT o.id, o.topic, o.attempts, o.last_error
+    SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key
       FROM @extschema@.outbox o
      WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+       AND o.waiting_for IS NULL
        AND o.available_at OPERATOR(pg_catalog.<=) $1
        AND o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($2)
      ORDER BY o.available_at, o.id
      LIMIT $3
        FOR UPDATE SKIP LOCKED
 ), made AS (
-    INSERT INTO @extschema@.outbox_delivery AS d (message_id, subscription_id, attempts, last_error, available_at)
-    SELECT r.id, s.id, r.attempts, r.last_error, $1
+    INSERT INTO @extschema@.outbox_delivery AS d
+           (message_id, subscription_id, attempts, last_error, available_at, ordering_key, waiting_for)
+    SELECT r.id, s.id, r.attempts, r.last_error, $1, r.ordering_key,
+           CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_delivery p
+                              WHERE p.subscription_id OPERATOR(pg_catalog.=) s.id
+                                AND p.ordering_key OPERATOR(pg_catalog.=) r.ordering_key
+                                AND p.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status)
+                THEN 'ordering_key'::@extschema@.outbox_wait END
       FROM ready r
       JOIN @extschema@.outbox_subscription s
         ON s.topic OPERATOR(pg_catalog.=) r.topic AND s.enabled
@@ -23,10 +32,13 @@ WITH ready AS (
     RETURNING d.message_id, d.subscription_id
 ), waiting AS (
     UPDATE @extschema@.outbox o
-       SET available_at = '9999-12-31 00:00:00+00', lease_token = NULL
+       SET waiting_for = 'deliveries'::@extschema@.outbox_wait, lease_token = NULL
       FROM ready r
      WHERE o.id OPERATOR(pg_catalog.=) r.id
        AND (EXISTS (SELECT FROM made m WHERE m.message_id OPERATOR(pg_catalog.=) r.id)
             OR EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) r.id))
+    RETURNING o.ordering_key
 )
-SELECT (SELECT pg_catalog.count(*) FROM ready), ARRAY(SELECT DISTINCT m.subscription_id FROM made m)
+SELECT (SELECT pg_catalog.count(*) FROM ready),
+       ARRAY(SELECT DISTINCT m.subscription_id FROM made m),
+       (SELECT pg_catalog.array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL) FROM waiting w)

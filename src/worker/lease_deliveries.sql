@@ -1,6 +1,7 @@
 -- Leases the locked deliveries of endpoint $1 to messages $2 for one request each: one more
 -- attempt, and due again only when the lease $4 (from the clock $3) runs out. Returns message
--- id, attempt, public_id, topic and payload (as JSON text; the worker converts it to UTF-8).
+-- id, attempt, public_id, topic, payload (as JSON text; the worker converts it to UTF-8) and
+-- the message's headers flattened to [name, value, name, value, …].
 WITH leased AS (
     UPDATE @extschema@.outbox_delivery d
        SET attempts = d.attempts OPERATOR(pg_catalog.+) 1,
@@ -10,5 +11,6 @@ WITH leased AS (
        AND d.message_id OPERATOR(pg_catalog.=) ANY ($2)
     RETURNING d.message_id, d.attempts
 )
-SELECT l.message_id, l.attempts, m.public_id::pg_catalog.text, m.topic::pg_catalog.text, m.payload::pg_catalog.text
+SELECT l.message_id, l.attempts, m.public_id::pg_catalog.text, m.topic::pg_catalog.text, m.payload::pg_catalog.text,
+       ARRAY(SELECT pg_catalog.unnest(ARRAY[h.key, h.value]) FROM pg_catalog.jsonb_each_text(m.headers) h)
   FROM leased l JOIN @extschema@.outbox m ON m.id OPERATOR(pg_catalog.=) l.message_id

@@ -6,6 +6,7 @@ SELECT d.message_id, d.attempts, pg_catalog.octet_length(m.payload::pg_catalog.t
   JOIN @extschema@.outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
  WHERE d.subscription_id OPERATOR(pg_catalog.=) $1
    AND d.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   AND d.waiting_for IS NULL
    AND d.available_at OPERATOR(pg_catalog.<=) $2
  ORDER BY d.available_at, d.message_id
  LIMIT $3

@@ -240,8 +240,7 @@ impl Worker {
             }
             if self.messages_may_be_ready {
                 let batch = self.settings.batch_size;
-                let picked_up = claim::fan_out(&mut spi, schema, &mut self.endpoints, batch, now);
-                self.messages_may_be_ready = picked_up == batch as usize;
+                self.messages_may_be_ready = claim::fan_out(&mut spi, schema, &mut self.endpoints, batch, now);
             }
             let mut budget = (self.settings.max_payload_bytes as i64 - self.pool.bytes_in_flight() as i64).max(0);
             for (subscription_id, slots) in self.endpoints.free_slots(self.settings.max_in_flight, self.pool.in_flight()) {

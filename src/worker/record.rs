@@ -5,7 +5,7 @@
 
 use super::deliver::Finished;
 use super::endpoints::Endpoints;
-use crate::interval;
+use crate::{interval, ordering};
 use crate::policy::{self, AfterFailure, RetryPolicy};
 use crate::spi::{Spi, Statement};
 use crate::text;
@@ -91,14 +91,18 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
 
     let mut ended_messages: Vec<i64> = Vec::new();
     if !delivered.message_ids.is_empty() {
+        let count = delivered.message_ids.len();
         let rows = spi.execute(
             &DELIVERED,
             schema,
-            &[delivered.message_ids.clone().into_datum(), delivered.subscription_ids.into_datum(), delivered.attempts.into_datum()],
+            &[delivered.message_ids.into_datum(), delivered.subscription_ids.into_datum(), delivered.attempts.into_datum()],
         );
-        recorded.delivered = rows.len();
-        recorded.no_longer_held += delivered.message_ids.len() - rows.len();
-        ended_messages.extend((0..rows.len()).filter_map(|row| rows.get::<i64>(row, 1)));
+        let ended = rows.get::<Vec<i64>>(0, 1).unwrap_or_default();
+        let (endpoints_with_keys, keys) = (rows.datum(0, 2), rows.datum(0, 3));
+        recorded.delivered = ended.len();
+        recorded.no_longer_held += count - ended.len();
+        ended_messages.extend(ended);
+        ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
     }
     if !retried.message_ids.is_empty() {
         let count = retried.message_ids.len();
@@ -125,9 +129,12 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
             schema,
             &[dead.message_ids.into_datum(), dead.subscription_ids.into_datum(), dead.attempts.into_datum(), dead_errors.into_datum()],
         );
-        recorded.failed += rows.len();
-        recorded.no_longer_held += count - rows.len();
-        ended_messages.extend((0..rows.len()).filter_map(|row| rows.get::<i64>(row, 1)));
+        let ended = rows.get::<Vec<i64>>(0, 1).unwrap_or_default();
+        let (endpoints_with_keys, keys) = (rows.datum(0, 2), rows.datum(0, 3));
+        recorded.failed += ended.len();
+        recorded.no_longer_held += count - ended.len();
+        ended_messages.extend(ended);
+        ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
     }
 
     log_attempts(spi, schema, finished);
@@ -165,7 +172,7 @@ fn log_attempts(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished]) {
 }
 
 /// Messages whose deliveries have all ended end too: DONE, or DEAD (policy.rs).
-fn settle_messages(spi: &mut Spi, schema: pg_sys::Oid, mut candidates: Vec<i64>) {
+pub fn settle_messages(spi: &mut Spi, schema: pg_sys::Oid, mut candidates: Vec<i64>) {
     if candidates.is_empty() {
         return;
     }

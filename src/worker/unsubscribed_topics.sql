@@ -4,7 +4,7 @@ SELECT p.topic::pg_catalog.text, pg_catalog.count(*)
   FROM (SELECT o.topic
           FROM @extschema@.outbox o
          WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
-           AND o.available_at OPERATOR(pg_catalog.<>) '9999-12-31 00:00:00+00'
+           AND o.waiting_for IS NULL
            AND NOT (o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($1))
          LIMIT 10000) p
  GROUP BY p.topic

@@ -1,0 +1,37 @@
+//! Ordering keys: the essay's partial ordering. Messages that share an `ordering_key` are handed
+//! out one at a time, in enqueue order, across all topics, while different keys proceed in
+//! parallel:
+//!
+//! - per key, at most one PENDING message is claimable, the head (`waiting_for IS NULL`; a
+//!   unique index holds the database to it); the others wait behind it
+//!   (`waiting_for = 'ordering_key'`), out of the ready index, so claims never walk over them;
+//! - when the head ends, DONE or DEAD (a dead letter releases its key: the rest proceeds, and
+//!   the dead letter stays for the operator), or goes to the delivery worker, the oldest waiting
+//!   message becomes the head, in the same transaction;
+//! - the delivery worker keeps the same order per endpoint, on the deliveries.
+//!
+//! A producer enqueuing with a key makes its message the head when the key has none, and
+//! otherwise queues it behind the head, which it locks (FOR SHARE) until it commits: a consumer
+//! ending the head meanwhile waits, then sees the new message and releases it.
+
+use crate::spi::{Spi, Statement};
+use pgrx::pg_sys::{self, BuiltinOid::*};
+
+static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messages.sql"), &[TEXTARRAYOID]);
+static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
+
+/// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
+/// to the worker: the next message of each key becomes claimable.
+pub fn release_message_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>) {
+    if keys.is_some() {
+        spi.execute(&RELEASE_MESSAGES, schema, &[keys]);
+    }
+}
+
+/// After deliveries ended (`endpoints` and `keys` pairwise, as bigint[] and text[] datums; `None`
+/// when none had a key): per endpoint and key, the next delivery becomes claimable.
+pub fn release_delivery_keys(spi: &mut Spi, schema: pg_sys::Oid, endpoints: Option<pg_sys::Datum>, keys: Option<pg_sys::Datum>) {
+    if endpoints.is_some() && keys.is_some() {
+        spi.execute(&RELEASE_DELIVERIES, schema, &[endpoints, keys]);
+    }
+}
