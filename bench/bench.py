@@ -454,6 +454,47 @@ def churn(cluster, s):
     return rows
 
 
+def ordering(cluster, s):
+    """8. Ordering keys: enqueue with a key (one of 1,000) against without, 8 clients; the drain
+    (4 consumers × 100, with leases) of a backlog whose messages have 1,000 keys, and one key,
+    against the same backlog without keys. Rounds alternate the order of the variants."""
+    enqueue = {"plain": [], "keyed": []}
+    for round_ in range(s.enqueue_rounds):
+        for name in (("plain", "keyed") if round_ % 2 == 0 else ("keyed", "plain")):
+            with cluster.connect() as conn:
+                conn.execute("TRUNCATE outbox CASCADE")
+                conn.execute("CHECKPOINT")
+            script = "enqueue_outbox.sql" if name == "plain" else "enqueue_outbox_keyed.sql"
+            enqueue[name].append(pgbench(script, 8, s.enqueue_seconds)[0])
+    variants = (("no keys", None), ("1,000 keys", 1000), ("1 key", 1))
+    drained = {name: [] for name, _ in variants}
+    with cluster.connect() as conn:
+        for round_ in range(s.drain_rounds):
+            for name, keys in (variants if round_ % 2 == 0 else variants[::-1]):
+                conn.execute("TRUNCATE outbox CASCADE")
+                # As enqueued: per key, the first message claimable and the rest waiting behind it.
+                conn.execute(
+                    """INSERT INTO outbox (topic, payload, available_at, ordering_key, waiting_for)
+                       SELECT 'booking.created', %s::jsonb, clock_timestamp() - interval '1 hour',
+                              CASE WHEN %s::int IS NOT NULL THEN 'booking:' || (g %% %s::int) END,
+                              CASE WHEN %s::int IS NOT NULL AND g > %s::int THEN 'ordering_key'::outbox_wait END
+                         FROM generate_series(1, %s) g""",
+                    (PAYLOAD, keys, keys, keys, keys, s.drain_backlog))
+                conn.execute("VACUUM ANALYZE outbox")
+                conn.execute("CHECKPOINT")
+                started = time.monotonic()
+                pgbench("drain_outbox.sql", 4, s.drain_seconds, {"batch": 100})
+                drained[name].append(done_count(conn, "outbox") / (time.monotonic() - started))
+        conn.execute("TRUNCATE outbox CASCADE")
+    enqueue_rates = {k: statistics.mean(v) for k, v in enqueue.items()}
+    drain_rates = {k: statistics.mean(v) for k, v in drained.items()}
+    return {
+        "enqueue_per_s": enqueue_rates["plain"], "enqueue_keyed_per_s": enqueue_rates["keyed"],
+        "enqueue_ratio": enqueue_rates["keyed"] / enqueue_rates["plain"],
+        "drain": [{"keys": name, "per_s": rate, "ratio": rate / drain_rates["no keys"]} for name, rate in drain_rates.items()],
+    }
+
+
 def cpu_times():
     """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
     fields = [int(v) for v in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -543,7 +584,7 @@ def machine():
 
 
 def report(results, s, path_md, path_png):
-    e, d, f, l, w, t, c = (results[k] for k in ("enqueue", "drain", "flat", "long_txn", "delivery", "latency", "churn"))
+    e, d, f, l, w, t, c, o = (results[k] for k in ("enqueue", "drain", "flat", "long_txn", "delivery", "latency", "churn", "ordering"))
     cores = os.cpu_count()
     # CPU seconds per message of the cheapest drain of part 2 (SQL only, no HTTP).
     database_cpu = min(r[f"{v}_cpu_busy"] * cores / r[f"{v}_per_s"] for r in d for v in ("essay", "no_lease"))
@@ -611,6 +652,17 @@ def report(results, s, path_md, path_png):
         "|---|---|---|---|",
         *[f"| {r['settings']} | {r['table_mb']:.1f} | {r['indexes_mb']:.1f} | {r['dead_tuples']} |" for r in c],
         "",
+        "## 8. Ordering keys",
+        "",
+        f"Enqueue, 8 clients: without a key {o['enqueue_per_s']:.0f} msg/s, with one of 1,000 keys "
+        f"{o['enqueue_keyed_per_s']:.0f} msg/s: **{o['enqueue_ratio']:.2f}** (goal ≥ 0.9).",
+        "",
+        f"Drain of a backlog of {s.drain_backlog:,}, 4 consumers × 100, with leases (goal with 1,000 keys: ≥ 0.8 of no keys):",
+        "",
+        "| messages' keys | msg/s | **/ no keys** |",
+        "|---|---|---|",
+        *[f"| {r['keys']} | {r['per_s']:.0f} | **{r['ratio']:.2f}** |" for r in o["drain"]],
+        "",
     ]
     path_md.write_text("\n".join(lines))
 
@@ -660,7 +712,7 @@ def main():
     parser.add_argument("--port", type=int, default=25390)
     parser.add_argument("--receiver-port", type=int, default=25391)
     parser.add_argument("--output", type=pathlib.Path, default=BENCH / "results")
-    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency)")
+    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering)")
     args = parser.parse_args()
     s = Settings(args.smoke)
     cluster, receiver = Cluster(args.port), Nginx(args.receiver_port)
@@ -673,6 +725,7 @@ def main():
         ("delivery", lambda: delivery(cluster, receiver, s)),
         ("latency", lambda: latency(cluster, receiver, s)),
         ("churn", lambda: churn(cluster, s)),
+        ("ordering", lambda: ordering(cluster, s)),
     ]
     try:
         cluster.start()

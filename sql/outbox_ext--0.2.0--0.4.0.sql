@@ -1115,8 +1115,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    requeued integer;
-    keys     text[];
+    requeued      integer;
+    keys          text[];
+    endpoints     bigint[];
+    endpoint_keys text[];
 BEGIN
     WITH dead AS (
         SELECT o.id
@@ -1126,11 +1128,17 @@ BEGIN
            AND (outbox_requeue_dead.topic IS NULL OR o.topic = outbox_requeue_dead.topic)
            FOR UPDATE
     ), deliveries AS (
+        -- With an ordering key, a requeued delivery queues behind its key's at that endpoint.
         UPDATE @extschema@.outbox_delivery d
-           SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(), processed_at = NULL, leased = false
+           SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(), processed_at = NULL, leased = false,
+               waiting_for = CASE WHEN d.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait END
           FROM dead
          WHERE d.message_id = dead.id
            AND d.status = 'DEAD'::@extschema@.outbox_status
+        RETURNING d.subscription_id, d.ordering_key
+    ), keyed_deliveries AS (
+        SELECT array_agg(k.subscription_id) AS endpoints, array_agg(k.ordering_key) AS endpoint_keys
+          FROM (SELECT DISTINCT e.subscription_id, e.ordering_key FROM deliveries e WHERE e.ordering_key IS NOT NULL) k
     ), messages AS (
         UPDATE @extschema@.outbox o
            SET status = 'PENDING', attempts = 0, processed_at = NULL, lease_token = NULL,
@@ -1145,11 +1153,16 @@ BEGIN
          WHERE o.id = dead.id
         RETURNING o.id, o.ordering_key, o.waiting_for
     )
-    SELECT count(*), array_agg(DISTINCT m.ordering_key) FILTER (WHERE m.waiting_for = 'ordering_key')
-      INTO requeued, keys
-      FROM messages m;
+    SELECT (SELECT count(*) FROM messages),
+           (SELECT array_agg(DISTINCT m.ordering_key) FILTER (WHERE m.waiting_for = 'ordering_key') FROM messages m),
+           kd.endpoints, kd.endpoint_keys
+      INTO requeued, keys, endpoints, endpoint_keys
+      FROM keyed_deliveries kd;
     IF keys IS NOT NULL THEN
         PERFORM @extschema@.outbox_release_keys(keys);
+    END IF;
+    IF endpoints IS NOT NULL THEN
+        PERFORM @extschema@.outbox_release_delivery_keys(endpoints, endpoint_keys);
     END IF;
     IF requeued > 0 THEN
         PERFORM @extschema@.outbox_wake_worker_at_commit();
@@ -1498,13 +1511,15 @@ GRANT SELECT ON outbox_monitoring TO pg_monitor;
 
 -- The delivery worker (src/worker): it picks messages up and makes their deliveries, leases
 -- and records them (with the attempt log), reads the subscriptions with their secrets, and
--- purges old history through outbox_purge. Nothing else: no API function, no sequence.
+-- purges old history through outbox_purge; it releases ordering keys through the functions
+-- that hold that rule. Nothing else: no API function, no sequence.
 GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
 GRANT SELECT, UPDATE ON outbox TO outbox_worker;
 GRANT SELECT ON outbox_subscription TO outbox_worker;
 GRANT SELECT, INSERT, UPDATE ON outbox_delivery TO outbox_worker;
 GRANT INSERT ON outbox_delivery_attempt TO outbox_worker;
 GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer) TO outbox_worker;
+GRANT EXECUTE ON FUNCTION outbox_release_keys(text[]), outbox_release_delivery_keys(bigint[], text[]) TO outbox_worker;
 
 -- This database's delivery worker starts when CREATE EXTENSION (or ALTER EXTENSION UPDATE)
 -- commits.

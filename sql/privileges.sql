@@ -103,13 +103,15 @@ GRANT SELECT ON outbox_monitoring TO pg_monitor;
 
 -- The delivery worker (src/worker): it picks messages up and makes their deliveries, leases
 -- and records them (with the attempt log), reads the subscriptions with their secrets, and
--- purges old history through outbox_purge. Nothing else: no API function, no sequence.
+-- purges old history through outbox_purge; it releases ordering keys through the functions
+-- that hold that rule. Nothing else: no API function, no sequence.
 GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
 GRANT SELECT, UPDATE ON outbox TO outbox_worker;
 GRANT SELECT ON outbox_subscription TO outbox_worker;
 GRANT SELECT, INSERT, UPDATE ON outbox_delivery TO outbox_worker;
 GRANT INSERT ON outbox_delivery_attempt TO outbox_worker;
 GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer) TO outbox_worker;
+GRANT EXECUTE ON FUNCTION outbox_release_keys(text[]), outbox_release_delivery_keys(bigint[], text[]) TO outbox_worker;
 
 -- This database's delivery worker starts when CREATE EXTENSION (or ALTER EXTENSION UPDATE)
 -- commits.

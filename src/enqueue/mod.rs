@@ -21,10 +21,8 @@ pub const MAX_DEDUPE_KEY_CHARS: usize = 255;
 static INSERT: Statement = Statement::new(include_str!("insert.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID]);
 static INSERT_ONCE_PER_KEY: Statement =
     Statement::new(include_str!("insert_once_per_key.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID, TEXTOID]);
-static INSERT_KEY_HEAD: Statement =
-    Statement::new(include_str!("insert_key_head.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID, TEXTOID, TEXTOID]);
-static INSERT_BEHIND_HEAD: Statement =
-    Statement::new(include_str!("insert_behind_head.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID, TEXTOID, TEXTOID]);
+static INSERT_KEYED: Statement =
+    Statement::new(include_str!("insert_keyed.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID, TEXTOID, TEXTOID]);
 static KEY_HOLDER: Statement = Statement::new(include_str!("key_holder.sql"), &[TEXTOID, TEXTOID]);
 static INSERT_BATCH: Statement = Statement::new(include_str!("insert_batch.sql"), &[TEXTOID, JSONBARRAYOID, INTERVALOID]);
 
@@ -60,17 +58,18 @@ fn check_headers(function: &'static str, args: &Args, n: usize) {
     }
 }
 
-/// Inserts one message (the arguments in the order of insert_key_head.sql) and returns its row,
+/// Inserts one message (the arguments in the order of insert_keyed.sql) and returns its row,
 /// or the duplicate's (id, public_id, topic and key only) when its dedupe_key is taken.
 fn insert(spi: &mut Spi, schema: pg_sys::Oid, arguments: [Option<pg_sys::Datum>; 6]) -> Option<pg_sys::Datum> {
     let [topic, payload, delay, headers, dedupe_key, ordering_key] = arguments;
-    // Each loop ends in one of its returns unless a row it relies on vanished in between (a
-    // key's holder discarded or purged, a head that ended): then it tries again.
+    // Each loop ends in one of its returns unless a row it relies on changed in between (a
+    // dedupe key's holder discarded or purged, another transaction's new head of the ordering
+    // key): then it tries again.
     loop {
         if ordering_key.is_some() {
-            let head = spi.execute(&INSERT_KEY_HEAD, schema, &arguments);
-            if !head.is_empty() {
-                return head.datum_for_caller(0, 1);
+            let inserted = spi.execute(&INSERT_KEYED, schema, &arguments);
+            if !inserted.is_empty() {
+                return inserted.datum_for_caller(0, 1);
             }
         } else if dedupe_key.is_some() {
             let inserted = spi.execute(&INSERT_ONCE_PER_KEY, schema, &[topic, payload, delay, headers, dedupe_key]);
@@ -84,12 +83,6 @@ fn insert(spi: &mut Spi, schema: pg_sys::Oid, arguments: [Option<pg_sys::Datum>;
             let holder = spi.execute(&KEY_HOLDER, schema, &[topic, dedupe_key]);
             if !holder.is_empty() {
                 return holder.datum_for_caller(0, 1);
-            }
-        }
-        if ordering_key.is_some() {
-            let behind = spi.execute(&INSERT_BEHIND_HEAD, schema, &arguments);
-            if !behind.is_empty() {
-                return behind.datum_for_caller(0, 1);
             }
         }
     }

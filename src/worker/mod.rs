@@ -93,6 +93,8 @@ struct Worker {
     /// Subscriptions and due times are read again after this.
     next_refresh: Instant,
     retry_wait: Duration,
+    /// After a failed step: no step before this (answers and wake-ups do not hasten it).
+    retry_at: Option<Instant>,
     /// New messages may be ready: a producer committed, the last pick-up was a full batch, or
     /// a poll interval passed (delays and backoffs run out).
     messages_may_be_ready: bool,
@@ -104,6 +106,8 @@ struct Worker {
 
 /// What a step found.
 enum Step {
+    /// Not run: a step failed a moment ago (see retry_at).
+    BackingOff,
     Ran { recorded: record::Recorded, claimed: Vec<claim::Claimed> },
     NoExtension,
     WaitingForUpdate,
@@ -121,6 +125,7 @@ impl Worker {
             housekeeping: Housekeeping::default(),
             next_refresh: Instant::now(),
             retry_wait: FIRST_RETRY_WAIT,
+            retry_at: None,
             messages_may_be_ready: true,
             draining: false,
             drain_deadline: None,
@@ -157,6 +162,7 @@ impl Worker {
                 let slowest = self.pool.latest_deadline.unwrap_or_else(Instant::now).max(Instant::now());
                 self.drain_deadline = Some(slowest + DRAIN_GRACE);
                 self.set_state(WorkerState::Draining);
+                self.retry_at = self.retry_at.map(|at| at.min(Instant::now() + Duration::from_secs(1)));
             }
             if reload_requested() {
                 // SAFETY: applies a reload in this process, as a SIGHUP asks.
@@ -167,9 +173,12 @@ impl Worker {
             self.take_answers();
 
             let claiming = !self.draining && self.settings.enabled;
-            match session::transaction(|| self.step(schema, claiming)) {
+            let backing_off = self.retry_at.is_some_and(|at| Instant::now() < at);
+            match if backing_off { Ok(Step::BackingOff) } else { session::transaction(|| self.step(schema, claiming)) } {
+                Ok(Step::BackingOff) => {}
                 Ok(Step::Ran { recorded, claimed }) => {
                     self.retry_wait = FIRST_RETRY_WAIT;
+                    self.retry_at = None;
                     self.finished.clear();
                     self.report(&recorded);
                     for delivery in &claimed {
@@ -187,6 +196,9 @@ impl Worker {
                 Ok(Step::WaitingForUpdate) => self.set_state(WorkerState::WaitingForUpdate),
                 Err(failure) => {
                     pgrx::warning!("outbox_ext: a delivery step failed, trying again in {:?}: {failure}", self.retry_wait);
+                    // While draining, answers still wait to be recorded: try at least once a second.
+                    let wait = if self.draining { self.retry_wait.min(Duration::from_secs(1)) } else { self.retry_wait };
+                    self.retry_at = Some(Instant::now() + wait);
                     self.retry_wait = (self.retry_wait * 2).min(MAX_RETRY_WAIT);
                     if session::transaction(session::extension_schema).ok().flatten().is_none() {
                         return ExitReason::NoExtension;
@@ -307,9 +319,8 @@ impl Worker {
     /// How long to sleep: until the next due delivery, the next refresh, or a failed step's
     /// retry; answers and commits wake the worker earlier.
     fn sleep_time(&self) -> Duration {
-        if !self.finished.is_empty() {
-            // Answers wait to be recorded: a step failed.
-            return if self.draining { self.retry_wait.min(Duration::from_secs(1)) } else { self.retry_wait };
+        if let Some(at) = self.retry_at {
+            return at.saturating_duration_since(Instant::now()); // a step failed
         }
         let mut wait = self.next_refresh.saturating_duration_since(Instant::now());
         // SAFETY: reads the clock.

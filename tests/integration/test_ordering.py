@@ -1,0 +1,278 @@
+"""Per-key ordering (docs/ordering.md): messages that share an ordering_key are handed out one
+at a time, in enqueue order, across topics; different keys proceed in parallel; a dead letter
+releases its key. For SQL consumers here; for the delivery worker (per endpoint) at the end."""
+
+import json
+import random
+import threading
+import time
+
+import psycopg
+import pytest
+
+from conftest import connect
+from support import eventually
+
+
+def enqueue(conn, topic, n, key=None, delay="0"):
+    return conn.execute(
+        "SELECT id FROM outbox_enqueue(%s, jsonb_build_object('n', %s::int), %s::interval, ordering_key => %s)",
+        (topic, n, delay, key),
+    ).fetchone()[0]
+
+
+def claim(conn, batch_size=10, lease="30 seconds"):
+    return conn.execute(
+        "SELECT id, topic, ordering_key, lease_token FROM outbox_claim(%s, lease => %s::interval)", (batch_size, lease)
+    ).fetchall()
+
+
+def test_a_key_is_handed_out_one_message_at_a_time_in_enqueue_order_across_topics(db):
+    created = enqueue(db, "booking.created", 1, "booking:42")
+    other = enqueue(db, "booking.created", 2, "booking:43")
+    cancelled = enqueue(db, "booking.cancelled", 3, "booking:42")
+    unkeyed = enqueue(db, "booking.cancelled", 4)
+    first = claim(db)
+    # One message of each key, and every message without one.
+    assert sorted(row[0] for row in first) == sorted([created, other, unkeyed])
+    assert claim(db) == []  # booking:42's second message waits for its first
+    assert db.execute("SELECT outbox_complete(%s, %s)", (created, first[0][3])).fetchone()[0]
+    assert [row[0] for row in claim(db)] == [cancelled]
+
+
+def test_a_retried_head_keeps_its_key_until_it_ends(db):
+    head = enqueue(db, "booking.created", 1, "booking:42")
+    behind = enqueue(db, "booking.created", 2, "booking:42")
+    (row,) = claim(db)
+    assert db.execute("SELECT outbox_fail(%s, 'HTTP 503', %s, retry_in => '0')", (head, row[3])).fetchone()[0] == "PENDING"
+    # The head failed and is due again at once: it comes back, not the message behind it.
+    assert [r[0] for r in claim(db)] == [head]
+    assert behind not in [r[0] for r in claim(db)]
+
+
+def test_a_lease_that_runs_out_gives_the_same_head_back(db):
+    head = enqueue(db, "booking.created", 1, "booking:42")
+    enqueue(db, "booking.created", 2, "booking:42")
+    assert [r[0] for r in claim(db, lease="100 milliseconds")] == [head]
+    time.sleep(0.3)
+    again = claim(db)
+    assert [r[0] for r in again] == [head]
+
+
+def test_a_dead_letter_releases_its_key_and_stays_for_the_operator(db):
+    db.execute("SET outbox.max_attempts = 1")
+    head = enqueue(db, "booking.created", 1, "booking:42")
+    behind = enqueue(db, "booking.created", 2, "booking:42")
+    (row,) = claim(db)
+    assert db.execute("SELECT outbox_fail(%s, 'template missing', %s)", (head, row[3])).fetchone()[0] == "DEAD"
+    assert [r[0] for r in claim(db)] == [behind]
+    assert db.execute("SELECT id FROM outbox_dead_letters").fetchall() == [(head,)]
+
+
+def test_a_batch_with_a_key_is_handed_out_in_payload_order(db):
+    ids = [
+        row[0]
+        for row in db.execute(
+            "SELECT id FROM outbox_enqueue_batch('booking.created', ARRAY['{\"n\":1}','{\"n\":2}','{\"n\":3}']::jsonb[], ordering_key => 'booking:42')"
+        )
+    ]
+    handed_out = []
+    for _ in ids:
+        ((message_id, _, key, token),) = claim(db)
+        assert key == "booking:42"
+        handed_out.append(message_id)
+        db.execute("SELECT outbox_complete(%s, %s)", (message_id, token))
+    assert handed_out == ids
+
+
+def test_a_delayed_message_behind_a_head_keeps_its_delay(db):
+    head = enqueue(db, "booking.created", 1, "booking:42")
+    later = enqueue(db, "booking.created", 2, "booking:42", delay="1 hour")
+    (row,) = claim(db)
+    db.execute("SELECT outbox_complete(%s, %s)", (head, row[3]))
+    assert claim(db) == []
+    assert db.execute("SELECT available_at > now() + interval '59 minutes' FROM outbox WHERE id = %s", (later,)).fetchone()[0]
+
+
+def test_completing_without_a_lease_releases_the_key(db):
+    with connect() as consumer:
+        head = enqueue(db, "booking.created", 1, "booking:42")
+        behind = enqueue(db, "booking.created", 2, "booking:42")
+        # Claimed without a lease: locked for the consumer's transaction only.
+        assert [r[0] for r in claim(consumer, lease=None)] == [head]
+        consumer.execute("SELECT outbox_complete(%s)", (head,))
+        assert claim(db) == []  # not yet committed: the head still holds the key
+        consumer.commit()
+    assert [r[0] for r in claim(db)] == [behind]
+
+
+def test_requeued_and_discarded_dead_letters_keep_the_key_order(db):
+    db.execute("SET outbox.max_attempts = 1")
+    head = enqueue(db, "booking.created", 1, "booking:42")
+    behind = enqueue(db, "booking.created", 2, "booking:42")
+    (row,) = claim(db)
+    db.execute("SELECT outbox_fail(%s, 'boom', %s)", (head, row[3]))
+    # The dead head released the key; requeued, it waits behind the message that now holds it.
+    db.execute("SELECT outbox_requeue(%s::bigint)", (head,))
+    assert [r[0] for r in claim(db)] == [behind]
+    assert claim(db) == []
+
+
+@pytest.mark.parametrize(
+    "key, sqlstate",
+    [("", "22023"), ("k" * 256, "22001")],
+)
+def test_bad_ordering_keys_are_refused_naming_the_argument(db, key, sqlstate):
+    for call in (
+        "SELECT outbox_enqueue('booking.created', '{}', ordering_key => %s)",
+        "SELECT outbox_enqueue_batch('booking.created', ARRAY['{}']::jsonb[], ordering_key => %s)",
+    ):
+        with pytest.raises(psycopg.Error) as error:
+            db.execute(call, (key,))
+        assert error.value.sqlstate == sqlstate
+        assert "ordering_key" in error.value.diag.message_primary
+    assert db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0
+    # NULL is "no key"; 255 characters are allowed.
+    enqueue(db, "booking.created", 1, None)
+    enqueue(db, "booking.created", 2, "k" * 255)
+    assert len(claim(db)) == 2
+
+
+def test_stats_show_keys_held_back_and_how_long(db):
+    enqueue(db, "booking.created", 1, "booking:42")
+    enqueue(db, "booking.created", 2, "booking:42")
+    enqueue(db, "booking.created", 3, "booking:42")
+    enqueue(db, "invoice.paid", 4, "invoice:7")  # a head alone: not blocked
+    enqueue(db, "invoice.paid", 5, "booking:43")
+    enqueue(db, "booking.created", 6, "booking:43")
+    db.execute("UPDATE outbox SET created_at = created_at - interval '1 hour' WHERE payload->>'n' = '2'")
+    rows = {
+        row[0]: row[1:]
+        for row in db.execute("SELECT topic, blocked_keys, oldest_blocked_age, ready FROM outbox_stats()")
+    }
+    total = rows[None]
+    assert total[0] == 2  # booking:42 and booking:43
+    assert total[1].total_seconds() > 3500
+    assert total[2] == 3  # the three heads
+    assert rows["booking.created"][0] == 2
+    assert rows["invoice.paid"][0] == 0
+    view = db.execute("SELECT blocked_keys FROM outbox_monitoring WHERE topic IS NULL").fetchone()
+    assert view == (2,)
+
+
+def test_four_consumers_keep_every_key_in_order_through_failures(db):
+    """4 consumers, 50 keys × 40 messages, 20% of handlings failing with a short retry_in. From
+    the consumers' logs: per key, completions in enqueue order and never two messages of a key
+    held at once."""
+    keys, per_key = 50, 40
+    order = [(n, f"key:{k}") for n in range(per_key) for k in range(keys)]
+    db.execute(
+        """SELECT count(*) FROM (SELECT outbox_enqueue('booking.created', jsonb_build_object('n', n, 'key', key), ordering_key => key)
+                                   FROM unnest(%s::int[], %s::text[]) WITH ORDINALITY AS t(n, key, i) ORDER BY i) e""",
+        ([n for n, _ in order], [k for _, k in order]),
+    )
+    expected = {}
+    for message_id, key in db.execute("SELECT id, ordering_key FROM outbox ORDER BY id"):
+        expected.setdefault(key, []).append(message_id)
+
+    log = []  # (key, message id, held from, held until, outcome), from every consumer
+    log_lock = threading.Lock()
+    done = threading.Event()
+    errors = []
+
+    def consumer(seed):
+        chance = random.Random(seed)
+        try:
+            with connect(autocommit=True) as conn:
+                while not done.is_set():
+                    claimed = conn.execute(
+                        "SELECT id, ordering_key, lease_token FROM outbox_claim(20, lease => '30 seconds')"
+                    ).fetchall()
+                    held_from = time.monotonic()
+                    if not claimed:
+                        if conn.execute("SELECT count(*) FROM outbox WHERE status = 'PENDING'").fetchone()[0] == 0:
+                            done.set()
+                        time.sleep(0.01)
+                        continue
+                    for message_id, key, token in claimed:
+                        time.sleep(chance.random() * 0.001)
+                        failing = chance.random() < 0.2
+                        held_until = time.monotonic()
+                        if failing:
+                            conn.execute("SELECT outbox_fail(%s, 'flaky', %s, retry_in => '20 milliseconds')", (message_id, token))
+                        else:
+                            assert conn.execute("SELECT outbox_complete(%s, %s)", (message_id, token)).fetchone()[0]
+                        with log_lock:
+                            log.append((key, message_id, held_from, held_until, "failed" if failing else "done"))
+        except Exception as error:  # reported by the test thread
+            errors.append(error)
+            done.set()
+
+    threads = [threading.Thread(target=consumer, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads), "the consumers did not drain the queue"
+
+    completions, holds = {}, {}
+    for key, message_id, held_from, held_until, outcome in sorted(log, key=lambda entry: entry[3]):
+        if outcome == "done":
+            completions.setdefault(key, []).append(message_id)
+        holds.setdefault(key, []).append((held_from, held_until, message_id))
+    assert completions == expected
+    failures = sum(1 for entry in log if entry[4] == "failed")
+    assert failures > 0.1 * len(log)
+    for key, intervals in holds.items():
+        intervals.sort()
+        for (_, earlier_until, earlier), (later_from, _, later) in zip(intervals, intervals[1:]):
+            assert later_from >= earlier_until, f"{key}: {later} was held while {earlier} still was"
+    # The keys went in parallel: more than one consumer completed messages.
+    assert len({entry[1] for entry in log}) == keys * per_key
+
+
+# -- the delivery worker: order per key and endpoint ---------------------------------------
+
+from test_deliveries import fast_worker, receivers  # noqa: E402,F401  (fixtures)
+
+
+def test_the_worker_delivers_each_key_in_order_to_each_endpoint_through_random_failures(fast_worker, receivers):
+    db = fast_worker
+    flaky, steady = receivers(), receivers()
+    chance = random.Random(7)
+    lock = threading.Lock()
+
+    def sometimes_failing():
+        with lock:
+            failing = chance.random() < 0.3
+        return (503, 0.0, {}, b"") if failing else (200, 0.0, {}, b"")
+
+    flaky.answer_with(sometimes_failing)
+    db.execute("SELECT outbox_subscribe('booking.created', %s)", (flaky.url,))
+    db.execute("SELECT outbox_subscribe('booking.created', %s)", (steady.url,))
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET outbox.max_attempts = 50")
+        admin.execute("SELECT pg_reload_conf()")
+    keys, per_key = 10, 15
+    for n in range(per_key):
+        for k in range(keys):
+            db.execute(
+                "SELECT outbox_enqueue('booking.created', %s::jsonb, ordering_key => %s)",
+                (json.dumps({"key": k, "n": n}), f"booking:{k}"),
+            )
+    total = keys * per_key
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == total, timeout=60)
+
+    assert any(r["status"] == 503 for r in flaky.requests)
+    for receiver in (flaky, steady):
+        arrivals = {}
+        for request in sorted(receiver.requests, key=lambda r: r["received_at"]):
+            if request["status"] != 200:
+                continue
+            body = json.loads(request["body"])
+            arrivals.setdefault(body["key"], []).append(body["n"])
+        for key in range(keys):
+            successes = arrivals[key]
+            # Each message arrives once with 2xx, in enqueue order.
+            assert successes == list(range(per_key)), (key, successes)
