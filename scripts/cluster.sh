@@ -8,7 +8,7 @@
 #   scripts/cluster.sh stop DIR         stop (fast) if running
 #
 # The cluster preloads outbox_ext, so every database with the extension gets its delivery
-# worker (OUTBOX_WORKER_DATABASES, when set, limits them). OUTBOX_CLUSTER_CONF holds extra
+# worker (OUTBOX_WORKER_DATABASES, when set, limits them), and lets it connect to loopback. OUTBOX_CLUSTER_CONF holds extra
 # postgresql.conf lines, which override the defaults below (the benchmark turns fsync back on).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +35,9 @@ max_connections = 100
 max_worker_processes = 16
 log_min_messages = warning
 shared_preload_libraries = 'outbox_ext'
+# The receivers of the demo and the tests run on this machine: open loopback to the worker
+# (refused by default, docs/security.md).
+outbox.allowed_networks = '127.0.0.1/32, ::1/128'
 ${OUTBOX_CLUSTER_CONF:-}
 CONF
         if [ -n "${OUTBOX_WORKER_DATABASES:-}" ]; then

@@ -25,19 +25,12 @@ stop_all() {
 }
 trap stop_all EXIT
 
-OUTBOX_WORKER_DATABASES=outbox_demo scripts/cluster.sh start "$cluster" "$port"
-echo "== scratch PostgreSQL on 127.0.0.1:$port (data in $cluster), delivery worker for database outbox_demo"
+scripts/cluster.sh start "$cluster" "$port"
+echo "== scratch PostgreSQL on 127.0.0.1:$port (data in $cluster), outbox_ext preloaded: CREATE EXTENSION starts the delivery worker"
 psql_args=(-h 127.0.0.1 -p "$port" -U postgres -X)
 "$PG_BIN/psql" "${psql_args[@]}" -q -c "DROP DATABASE IF EXISTS outbox_demo" -c "CREATE DATABASE outbox_demo"
 # Quick retries for the demo, applied as an operator would: ALTER SYSTEM and a reload.
 "$PG_BIN/psql" "${psql_args[@]}" -q -c "ALTER SYSTEM SET outbox.backoff_base = '500ms'" -c "SELECT pg_reload_conf()" >/dev/null
-
-# The worker started before outbox_demo existed; the postmaster starts it again within 5 s.
-for _ in $(seq 1 40); do
-    workers=$("$PG_BIN/psql" "${psql_args[@]}" -At -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox_ext delivery worker' AND datname = 'outbox_demo'")
-    [ "$workers" = 1 ] && break
-    sleep 0.25
-done
 
 python3 examples/webhook_receiver.py --port "$receiver_port" --fail-first 2 >"$receiver_log" 2>&1 &
 receiver_pid=$!

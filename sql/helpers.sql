@@ -20,6 +20,12 @@ CREATE OR REPLACE FUNCTION outbox_check_subscription(url text, secret text, head
 LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_check_subscription_wrapper';
 
+-- A NOTICE when the URL's host is a literal address the delivery worker refuses
+-- (outbox.allowed_networks).
+CREATE OR REPLACE FUNCTION outbox_check_destination(url text) RETURNS void
+LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_check_destination_c';
+
 -- The default of outbox.public_id: a time-ordered UUID (version 7).
 CREATE OR REPLACE FUNCTION outbox_uuid_v7() RETURNS uuid
 LANGUAGE c VOLATILE PARALLEL SAFE

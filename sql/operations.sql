@@ -23,7 +23,9 @@ CREATE OR REPLACE FUNCTION outbox_stats() RETURNS TABLE (
     dead_deliveries             bigint,    -- deliveries an endpoint gave up on
     oldest_pending_delivery_age interval,  -- age of the oldest message an endpoint has yet to take
     blocked_keys                bigint,    -- ordering keys whose next message waits behind an earlier one
-    oldest_blocked_age          interval   -- age of the oldest message waiting behind its key
+    oldest_blocked_age          interval,  -- age of the oldest message waiting behind its key
+    disabled_endpoints          bigint,    -- subscriptions disabled (by hand or after failing too long)
+    parked_deliveries           bigint     -- deliveries kept for disabled endpoints
 )
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -68,6 +70,20 @@ BEGIN
                clock_now - min(l.created_at) FILTER (WHERE l.waiting_for = 'ordering_key') AS oldest_blocked_age
           FROM live l
          GROUP BY GROUPING SETS ((l.topic), ())
+    ), parked AS (
+        SELECT s.topic::text AS topic, GROUPING(s.topic) AS total,
+               count(DISTINCT s.id) AS endpoints,
+               count(d.message_id) AS deliveries
+          FROM @extschema@.outbox_subscription s
+          LEFT JOIN (SELECT r.subscription_id, r.message_id FROM @extschema@.outbox_delivery r
+                      WHERE r.status = 'PENDING'::@extschema@.outbox_status AND r.waiting_for IS NULL
+                     UNION ALL
+                     SELECT w.subscription_id, w.message_id FROM @extschema@.outbox_delivery w
+                      WHERE w.status = 'PENDING'::@extschema@.outbox_status
+                        AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) d
+            ON d.subscription_id = s.id
+         WHERE NOT s.enabled
+         GROUP BY GROUPING SETS ((s.topic), ())
     ), deliveries AS (
         SELECT m.topic::text AS topic, GROUPING(m.topic) AS total,
                count(*) FILTER (WHERE d.status = 'DEAD') AS dead,
@@ -85,15 +101,16 @@ BEGIN
     )
     SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
            ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age,
-           ms.blocked_keys, ms.oldest_blocked_age
+           ms.blocked_keys, ms.oldest_blocked_age, COALESCE(ps.endpoints, 0), COALESCE(ps.deliveries, 0)
       FROM messages ms
       LEFT JOIN deliveries ds ON ds.total = ms.total AND ds.topic IS NOT DISTINCT FROM ms.topic
+      LEFT JOIN parked ps ON ps.total = ms.total AND ps.topic IS NOT DISTINCT FROM ms.topic
      ORDER BY ms.topic NULLS FIRST;
 END
 $$;
 
 COMMENT ON FUNCTION outbox_stats() IS
-'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, the ordering keys held back and the age of the oldest message waiting behind its key, per topic and in total (topic NULL).';
+'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, the ordering keys held back and the age of the oldest message waiting behind its key, the disabled endpoints and their parked deliveries, per topic and in total (topic NULL).';
 
 -- For monitoring roles and exporters: SELECT * FROM outbox_monitoring.
 CREATE OR REPLACE VIEW outbox_monitoring AS SELECT * FROM outbox_stats();
@@ -112,7 +129,9 @@ CREATE OR REPLACE FUNCTION outbox_endpoint_stats() RETURNS TABLE (
     retrying              bigint,    -- ... of which failed before and wait for a retry
     dead                  bigint,    -- deliveries this endpoint gave up on
     oldest_pending_age    interval,  -- age of the oldest message this endpoint has yet to take
-    delivered_last_minute bigint     -- requests it answered with 2xx in the last minute
+    delivered_last_minute bigint,    -- requests it answered with 2xx in the last minute
+    failing_since         timestamptz,  -- its current run of failed attempts began then (NULL: not failing)
+    disabled_reason       text          -- why it is disabled (its pending deliveries are parked)
 )
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -124,7 +143,8 @@ AS $$
            p.oldest_pending_age,
            (SELECT count(*) FROM @extschema@.outbox_delivery_attempt a
              WHERE a.subscription_id = s.id AND a.http_status BETWEEN 200 AND 299
-               AND a.started_at > clock_timestamp() - interval '1 minute')
+               AND a.started_at > clock_timestamp() - interval '1 minute'),
+           s.failing_since, s.disabled_reason
       FROM @extschema@.outbox_subscription s
       LEFT JOIN LATERAL (
             SELECT count(*) AS pending,

@@ -64,6 +64,8 @@ DROP FUNCTION outbox_stats();
 -- signatures, made in sql/api.sql (the grants users gave on the old ones move to the new).
 DROP FUNCTION outbox_enqueue(text, jsonb, interval, text);
 DROP FUNCTION outbox_enqueue_batch(text, jsonb[], interval);
+-- outbox_subscribe gains rate_limit and max_in_flight (sql/subscriptions.sql).
+DROP FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean);
 
 -- ======== sql/schema.sql, what is new in 0.4.0 ========
 -- ======== new in 0.4.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
@@ -75,6 +77,31 @@ CREATE UNIQUE INDEX outbox_key_head_idx ON outbox (ordering_key)
     WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL AND ordering_key IS NOT NULL;
 CREATE INDEX outbox_key_queue_idx ON outbox (ordering_key, id)
     WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::outbox_wait;
+
+-- Endpoints that protect themselves and their receivers (docs/worker.md):
+--   enabled false: the endpoint is disabled, by hand (outbox_disable_subscription) or by the
+--       worker after outbox.endpoint_disable_after of failures; its deliveries are parked (kept,
+--       not attempted) until outbox_enable_subscription. disabled_reason says why.
+--   failing_since: when the endpoint's current run of failed attempts began (NULL: its latest
+--       attempt succeeded). While it fails, the worker sends it one request at a time.
+--   rate_limit, max_in_flight: at most so many requests per second, and at once (NULL: none).
+--   previous_secret: the secret before outbox_rotate_secret; requests carry its signature too
+--       until previous_secret_until.
+ALTER TABLE outbox_subscription
+    ADD COLUMN disabled_reason       text,
+    ADD COLUMN failing_since         timestamptz,
+    ADD COLUMN rate_limit            double precision CHECK (rate_limit > 0),
+    ADD COLUMN max_in_flight         integer CHECK (max_in_flight > 0),
+    ADD COLUMN previous_secret       text,
+    ADD COLUMN previous_secret_until timestamptz;
+
+CREATE OR REPLACE VIEW outbox_subscriptions AS
+SELECT id, topic, url, secret IS NOT NULL AS signed,
+       ARRAY(SELECT jsonb_object_keys(headers) ORDER BY 1) AS header_names,
+       timeout, enabled, created_at,
+       disabled_reason, failing_since, rate_limit, max_in_flight,
+       CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
+  FROM outbox_subscription;
 
 -- Messages handed to the delivery worker wait for their deliveries; the numbers count them here.
 CREATE INDEX outbox_handed_over_idx ON outbox (id)
@@ -179,6 +206,12 @@ AS 'MODULE_PATHNAME', 'outbox_check_topic_wrapper';
 CREATE OR REPLACE FUNCTION outbox_check_subscription(url text, secret text, headers jsonb) RETURNS void
 LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_check_subscription_wrapper';
+
+-- A NOTICE when the URL's host is a literal address the delivery worker refuses
+-- (outbox.allowed_networks).
+CREATE OR REPLACE FUNCTION outbox_check_destination(url text) RETURNS void
+LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_check_destination_c';
 
 -- The default of outbox.public_id: a time-ordered UUID (version 7).
 CREATE OR REPLACE FUNCTION outbox_uuid_v7() RETURNS uuid
@@ -371,12 +404,14 @@ $$;
 
 -- subscribe: add an endpoint for a topic, or change the one with the same (topic, url).
 CREATE OR REPLACE FUNCTION outbox_subscribe(
-    topic   text,
-    url     text,
-    secret  text     DEFAULT NULL,
-    headers jsonb    DEFAULT '{}',
-    timeout interval DEFAULT NULL,
-    enabled boolean  DEFAULT true
+    topic         text,
+    url           text,
+    secret        text             DEFAULT NULL,
+    headers       jsonb            DEFAULT '{}',
+    timeout       interval         DEFAULT NULL,
+    enabled       boolean          DEFAULT true,
+    rate_limit    double precision DEFAULT NULL,
+    max_in_flight integer          DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -387,6 +422,7 @@ DECLARE
 BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_subscribe'::text, 'topic'::text, outbox_subscribe.topic::text);
     PERFORM @extschema@.outbox_check_subscription(outbox_subscribe.url::text, outbox_subscribe.secret::text, outbox_subscribe.headers::jsonb);
+    PERFORM @extschema@.outbox_check_destination(outbox_subscribe.url::text);
     IF outbox_subscribe.timeout IS NOT NULL
        AND outbox_subscribe.timeout NOT BETWEEN interval '100 milliseconds' AND interval '10 minutes' THEN
         RAISE EXCEPTION 'outbox_subscribe: timeout must be between 100 milliseconds and 10 minutes, got %', outbox_subscribe.timeout
@@ -396,20 +432,156 @@ BEGIN
         RAISE EXCEPTION 'outbox_subscribe: enabled must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF NOT outbox_subscribe.rate_limit > 0 OR outbox_subscribe.rate_limit IN ('Infinity', 'NaN') THEN
+        RAISE EXCEPTION 'outbox_subscribe: rate_limit must be a positive number of messages per second (NULL: no limit), got %', outbox_subscribe.rate_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF outbox_subscribe.max_in_flight < 1 THEN
+        RAISE EXCEPTION 'outbox_subscribe: max_in_flight must be at least 1 (NULL: the worker''s share), got %', outbox_subscribe.max_in_flight
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
-    INSERT INTO @extschema@.outbox_subscription AS s (topic, url, secret, headers, timeout, enabled)
+    INSERT INTO @extschema@.outbox_subscription AS s (topic, url, secret, headers, timeout, enabled, rate_limit, max_in_flight,
+                                                      disabled_reason)
     VALUES (outbox_subscribe.topic, outbox_subscribe.url, outbox_subscribe.secret,
-            coalesce(outbox_subscribe.headers, '{}'), outbox_subscribe.timeout, outbox_subscribe.enabled)
+            coalesce(outbox_subscribe.headers, '{}'), outbox_subscribe.timeout, outbox_subscribe.enabled,
+            outbox_subscribe.rate_limit, outbox_subscribe.max_in_flight,
+            CASE WHEN NOT outbox_subscribe.enabled THEN 'subscribed disabled' END)
     ON CONFLICT (topic, url) DO UPDATE
-       SET secret = EXCLUDED.secret, headers = EXCLUDED.headers,
-           timeout = EXCLUDED.timeout, enabled = EXCLUDED.enabled
+       SET secret = EXCLUDED.secret, headers = EXCLUDED.headers, timeout = EXCLUDED.timeout,
+           enabled = EXCLUDED.enabled, rate_limit = EXCLUDED.rate_limit, max_in_flight = EXCLUDED.max_in_flight,
+           disabled_reason = CASE WHEN EXCLUDED.enabled THEN NULL ELSE coalesce(s.disabled_reason, EXCLUDED.disabled_reason) END,
+           failing_since = CASE WHEN EXCLUDED.enabled AND NOT s.enabled THEN NULL ELSE s.failing_since END,
+           previous_secret = NULL, previous_secret_until = NULL
     RETURNING s.id INTO subscription_id;
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
     RETURN subscription_id;
 END
 $$;
 
-COMMENT ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean) IS
-'Sends the topic''s messages to url (http or https), signed with secret (whsec_… form; see outbox_generate_secret()) when given, with extra headers and a per-endpoint timeout. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
+COMMENT ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean, double precision, integer) IS
+'Sends the topic''s messages to url (http or https), signed with secret (whsec_… form; see outbox_generate_secret()) when given, with extra headers, a per-endpoint timeout, and at most rate_limit requests per second and max_in_flight at once (NULL: no limit). enabled false parks its deliveries until outbox_enable_subscription. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
+
+-- The subscription with this id, locked, or an error naming the function (22004, 22023).
+CREATE OR REPLACE FUNCTION outbox_subscription_for_update(function_name text, subscription_id bigint)
+RETURNS @extschema@.outbox_subscription
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    found_subscription @extschema@.outbox_subscription;
+BEGIN
+    IF subscription_id IS NULL THEN
+        RAISE EXCEPTION '%: subscription_id must not be NULL', function_name
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO found_subscription
+      FROM @extschema@.outbox_subscription s
+     WHERE s.id = subscription_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: subscription_id % does not exist', function_name, subscription_id
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'SELECT id, topic, url FROM outbox_subscriptions lists them.';
+    END IF;
+    RETURN found_subscription;
+END
+$$;
+
+-- disable: park an endpoint by hand. Its deliveries are kept, not attempted and not
+-- dead-lettered; new messages of its topic still get one for it.
+CREATE OR REPLACE FUNCTION outbox_disable_subscription(id bigint, reason text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    subscription @extschema@.outbox_subscription;
+BEGIN
+    subscription := @extschema@.outbox_subscription_for_update('outbox_disable_subscription'::text, outbox_disable_subscription.id);
+    IF NOT subscription.enabled THEN
+        RETURN false;
+    END IF;
+    UPDATE @extschema@.outbox_subscription s
+       SET enabled = false,
+           disabled_reason = coalesce(outbox_disable_subscription.reason, 'disabled by ' || session_user)
+     WHERE s.id = subscription.id;
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_disable_subscription(bigint, text) IS
+'Disables the endpoint: its deliveries are parked (kept, not attempted, no attempt used) until outbox_enable_subscription. Returns false when it was already disabled.';
+
+-- enable: resume an endpoint and its parked deliveries (due now, their attempts kept).
+CREATE OR REPLACE FUNCTION outbox_enable_subscription(id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    subscription @extschema@.outbox_subscription;
+BEGIN
+    subscription := @extschema@.outbox_subscription_for_update('outbox_enable_subscription'::text, outbox_enable_subscription.id);
+    IF subscription.enabled THEN
+        RETURN false;
+    END IF;
+    UPDATE @extschema@.outbox_subscription s
+       SET enabled = true, disabled_reason = NULL, failing_since = NULL
+     WHERE s.id = subscription.id;
+    UPDATE @extschema@.outbox_delivery d
+       SET available_at = clock_timestamp()
+     WHERE d.subscription_id = subscription.id
+       AND d.status = 'PENDING'::@extschema@.outbox_status
+       AND d.waiting_for IS NULL
+       AND NOT d.leased
+       AND d.available_at > clock_timestamp();
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_enable_subscription(bigint) IS
+'Enables the endpoint again: its parked deliveries are due at once (with the attempts they had). Returns false when it was already enabled.';
+
+-- rotate: a new secret for an endpoint, with a time when requests carry both signatures.
+CREATE OR REPLACE FUNCTION outbox_rotate_secret(
+    subscription_id bigint,
+    new_secret      text     DEFAULT NULL,
+    overlap         interval DEFAULT '24 hours'
+) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    subscription  @extschema@.outbox_subscription;
+    chosen_secret text := coalesce(outbox_rotate_secret.new_secret, @extschema@.outbox_generate_secret());
+BEGIN
+    subscription := @extschema@.outbox_subscription_for_update('outbox_rotate_secret'::text, outbox_rotate_secret.subscription_id);
+    IF outbox_rotate_secret.overlap IS NULL THEN
+        RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be NULL (''0'' ends the old secret at once)'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF outbox_rotate_secret.overlap < interval '0' THEN
+        RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be negative, got %', outbox_rotate_secret.overlap
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@.outbox_check_subscription(subscription.url, chosen_secret, '{}'::jsonb);
+    UPDATE @extschema@.outbox_subscription s
+       SET secret = chosen_secret,
+           previous_secret = CASE WHEN outbox_rotate_secret.overlap > interval '0' THEN subscription.secret END,
+           previous_secret_until = CASE WHEN outbox_rotate_secret.overlap > interval '0' AND subscription.secret IS NOT NULL
+                                        THEN clock_timestamp() + outbox_rotate_secret.overlap END
+     WHERE s.id = subscription.id;
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
+    RETURN chosen_secret;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_rotate_secret(bigint, text, interval) IS
+'Gives the endpoint a new secret (new_secret, or a generated one) and returns it. For overlap, every request carries signatures by both the old and the new secret (webhook-signature holds both, space-separated), so the receiver can switch at any time in between; after it, only the new one.';
 
 -- unsubscribe: stop sending a topic to one endpoint (or, without url, to all).
 CREATE OR REPLACE FUNCTION outbox_unsubscribe(topic text, url text DEFAULT NULL) RETURNS integer
@@ -440,7 +612,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.topic::text, count(*)::integer
       FROM @extschema@.outbox_subscription s
-     WHERE s.enabled
      GROUP BY s.topic
      ORDER BY s.topic
 $$;
@@ -471,7 +642,9 @@ CREATE OR REPLACE FUNCTION outbox_stats() RETURNS TABLE (
     dead_deliveries             bigint,    -- deliveries an endpoint gave up on
     oldest_pending_delivery_age interval,  -- age of the oldest message an endpoint has yet to take
     blocked_keys                bigint,    -- ordering keys whose next message waits behind an earlier one
-    oldest_blocked_age          interval   -- age of the oldest message waiting behind its key
+    oldest_blocked_age          interval,  -- age of the oldest message waiting behind its key
+    disabled_endpoints          bigint,    -- subscriptions disabled (by hand or after failing too long)
+    parked_deliveries           bigint     -- deliveries kept for disabled endpoints
 )
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -516,6 +689,20 @@ BEGIN
                clock_now - min(l.created_at) FILTER (WHERE l.waiting_for = 'ordering_key') AS oldest_blocked_age
           FROM live l
          GROUP BY GROUPING SETS ((l.topic), ())
+    ), parked AS (
+        SELECT s.topic::text AS topic, GROUPING(s.topic) AS total,
+               count(DISTINCT s.id) AS endpoints,
+               count(d.message_id) AS deliveries
+          FROM @extschema@.outbox_subscription s
+          LEFT JOIN (SELECT r.subscription_id, r.message_id FROM @extschema@.outbox_delivery r
+                      WHERE r.status = 'PENDING'::@extschema@.outbox_status AND r.waiting_for IS NULL
+                     UNION ALL
+                     SELECT w.subscription_id, w.message_id FROM @extschema@.outbox_delivery w
+                      WHERE w.status = 'PENDING'::@extschema@.outbox_status
+                        AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) d
+            ON d.subscription_id = s.id
+         WHERE NOT s.enabled
+         GROUP BY GROUPING SETS ((s.topic), ())
     ), deliveries AS (
         SELECT m.topic::text AS topic, GROUPING(m.topic) AS total,
                count(*) FILTER (WHERE d.status = 'DEAD') AS dead,
@@ -533,15 +720,16 @@ BEGIN
     )
     SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
            ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age,
-           ms.blocked_keys, ms.oldest_blocked_age
+           ms.blocked_keys, ms.oldest_blocked_age, COALESCE(ps.endpoints, 0), COALESCE(ps.deliveries, 0)
       FROM messages ms
       LEFT JOIN deliveries ds ON ds.total = ms.total AND ds.topic IS NOT DISTINCT FROM ms.topic
+      LEFT JOIN parked ps ON ps.total = ms.total AND ps.topic IS NOT DISTINCT FROM ms.topic
      ORDER BY ms.topic NULLS FIRST;
 END
 $$;
 
 COMMENT ON FUNCTION outbox_stats() IS
-'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, the ordering keys held back and the age of the oldest message waiting behind its key, per topic and in total (topic NULL).';
+'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, the ordering keys held back and the age of the oldest message waiting behind its key, the disabled endpoints and their parked deliveries, per topic and in total (topic NULL).';
 
 -- For monitoring roles and exporters: SELECT * FROM outbox_monitoring.
 CREATE OR REPLACE VIEW outbox_monitoring AS SELECT * FROM outbox_stats();
@@ -560,7 +748,9 @@ CREATE OR REPLACE FUNCTION outbox_endpoint_stats() RETURNS TABLE (
     retrying              bigint,    -- ... of which failed before and wait for a retry
     dead                  bigint,    -- deliveries this endpoint gave up on
     oldest_pending_age    interval,  -- age of the oldest message this endpoint has yet to take
-    delivered_last_minute bigint     -- requests it answered with 2xx in the last minute
+    delivered_last_minute bigint,    -- requests it answered with 2xx in the last minute
+    failing_since         timestamptz,  -- its current run of failed attempts began then (NULL: not failing)
+    disabled_reason       text          -- why it is disabled (its pending deliveries are parked)
 )
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -572,7 +762,8 @@ AS $$
            p.oldest_pending_age,
            (SELECT count(*) FROM @extschema@.outbox_delivery_attempt a
              WHERE a.subscription_id = s.id AND a.http_status BETWEEN 200 AND 299
-               AND a.started_at > clock_timestamp() - interval '1 minute')
+               AND a.started_at > clock_timestamp() - interval '1 minute'),
+           s.failing_since, s.disabled_reason
       FROM @extschema@.outbox_subscription s
       LEFT JOIN LATERAL (
             SELECT count(*) AS pending,
@@ -985,8 +1176,11 @@ GRANT EXECUTE ON FUNCTION
     outbox_discard(text),
     outbox_discard_all(),
     outbox_purge(interval, boolean, integer),
-    outbox_subscribe(text, text, text, jsonb, interval, boolean),
+    outbox_subscribe(text, text, text, jsonb, interval, boolean, double precision, integer),
     outbox_unsubscribe(text, text),
+    outbox_enable_subscription(bigint),
+    outbox_disable_subscription(bigint, text),
+    outbox_rotate_secret(bigint, text, interval),
     outbox_generate_secret(),
     outbox_worker_status()
 TO outbox_admin;
@@ -1004,6 +1198,8 @@ GRANT SELECT ON outbox_monitoring TO pg_monitor;
 GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
 GRANT SELECT, UPDATE ON outbox TO outbox_worker;
 GRANT SELECT ON outbox_subscription TO outbox_worker;
+-- ... and marks an endpoint failing, recovered, or disabled after failing too long.
+GRANT UPDATE (failing_since, enabled, disabled_reason) ON outbox_subscription TO outbox_worker;
 GRANT SELECT, INSERT, UPDATE ON outbox_delivery TO outbox_worker;
 GRANT INSERT ON outbox_delivery_attempt TO outbox_worker;
 GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer) TO outbox_worker;

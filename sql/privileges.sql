@@ -89,8 +89,11 @@ GRANT EXECUTE ON FUNCTION
     outbox_discard(text),
     outbox_discard_all(),
     outbox_purge(interval, boolean, integer),
-    outbox_subscribe(text, text, text, jsonb, interval, boolean),
+    outbox_subscribe(text, text, text, jsonb, interval, boolean, double precision, integer),
     outbox_unsubscribe(text, text),
+    outbox_enable_subscription(bigint),
+    outbox_disable_subscription(bigint, text),
+    outbox_rotate_secret(bigint, text, interval),
     outbox_generate_secret(),
     outbox_worker_status()
 TO outbox_admin;
@@ -108,6 +111,8 @@ GRANT SELECT ON outbox_monitoring TO pg_monitor;
 GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
 GRANT SELECT, UPDATE ON outbox TO outbox_worker;
 GRANT SELECT ON outbox_subscription TO outbox_worker;
+-- ... and marks an endpoint failing, recovered, or disabled after failing too long.
+GRANT UPDATE (failing_since, enabled, disabled_reason) ON outbox_subscription TO outbox_worker;
 GRANT SELECT, INSERT, UPDATE ON outbox_delivery TO outbox_worker;
 GRANT INSERT ON outbox_delivery_attempt TO outbox_worker;
 GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer) TO outbox_worker;

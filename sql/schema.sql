@@ -129,6 +129,31 @@ CREATE UNIQUE INDEX outbox_key_head_idx ON outbox (ordering_key)
 CREATE INDEX outbox_key_queue_idx ON outbox (ordering_key, id)
     WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::outbox_wait;
 
+-- Endpoints that protect themselves and their receivers (docs/worker.md):
+--   enabled false: the endpoint is disabled, by hand (outbox_disable_subscription) or by the
+--       worker after outbox.endpoint_disable_after of failures; its deliveries are parked (kept,
+--       not attempted) until outbox_enable_subscription. disabled_reason says why.
+--   failing_since: when the endpoint's current run of failed attempts began (NULL: its latest
+--       attempt succeeded). While it fails, the worker sends it one request at a time.
+--   rate_limit, max_in_flight: at most so many requests per second, and at once (NULL: none).
+--   previous_secret: the secret before outbox_rotate_secret; requests carry its signature too
+--       until previous_secret_until.
+ALTER TABLE outbox_subscription
+    ADD COLUMN disabled_reason       text,
+    ADD COLUMN failing_since         timestamptz,
+    ADD COLUMN rate_limit            double precision CHECK (rate_limit > 0),
+    ADD COLUMN max_in_flight         integer CHECK (max_in_flight > 0),
+    ADD COLUMN previous_secret       text,
+    ADD COLUMN previous_secret_until timestamptz;
+
+CREATE OR REPLACE VIEW outbox_subscriptions AS
+SELECT id, topic, url, secret IS NOT NULL AS signed,
+       ARRAY(SELECT jsonb_object_keys(headers) ORDER BY 1) AS header_names,
+       timeout, enabled, created_at,
+       disabled_reason, failing_since, rate_limit, max_in_flight,
+       CASE WHEN previous_secret_until > now() THEN previous_secret_until END AS previous_secret_until
+  FROM outbox_subscription;
+
 -- Messages handed to the delivery worker wait for their deliveries; the numbers count them here.
 CREATE INDEX outbox_handed_over_idx ON outbox (id)
     WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for OPERATOR(pg_catalog.=) 'deliveries'::outbox_wait;

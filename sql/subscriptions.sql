@@ -5,12 +5,14 @@
 
 -- subscribe: add an endpoint for a topic, or change the one with the same (topic, url).
 CREATE OR REPLACE FUNCTION outbox_subscribe(
-    topic   text,
-    url     text,
-    secret  text     DEFAULT NULL,
-    headers jsonb    DEFAULT '{}',
-    timeout interval DEFAULT NULL,
-    enabled boolean  DEFAULT true
+    topic         text,
+    url           text,
+    secret        text             DEFAULT NULL,
+    headers       jsonb            DEFAULT '{}',
+    timeout       interval         DEFAULT NULL,
+    enabled       boolean          DEFAULT true,
+    rate_limit    double precision DEFAULT NULL,
+    max_in_flight integer          DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -21,6 +23,7 @@ DECLARE
 BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_subscribe'::text, 'topic'::text, outbox_subscribe.topic::text);
     PERFORM @extschema@.outbox_check_subscription(outbox_subscribe.url::text, outbox_subscribe.secret::text, outbox_subscribe.headers::jsonb);
+    PERFORM @extschema@.outbox_check_destination(outbox_subscribe.url::text);
     IF outbox_subscribe.timeout IS NOT NULL
        AND outbox_subscribe.timeout NOT BETWEEN interval '100 milliseconds' AND interval '10 minutes' THEN
         RAISE EXCEPTION 'outbox_subscribe: timeout must be between 100 milliseconds and 10 minutes, got %', outbox_subscribe.timeout
@@ -30,20 +33,156 @@ BEGIN
         RAISE EXCEPTION 'outbox_subscribe: enabled must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF NOT outbox_subscribe.rate_limit > 0 OR outbox_subscribe.rate_limit IN ('Infinity', 'NaN') THEN
+        RAISE EXCEPTION 'outbox_subscribe: rate_limit must be a positive number of messages per second (NULL: no limit), got %', outbox_subscribe.rate_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF outbox_subscribe.max_in_flight < 1 THEN
+        RAISE EXCEPTION 'outbox_subscribe: max_in_flight must be at least 1 (NULL: the worker''s share), got %', outbox_subscribe.max_in_flight
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
-    INSERT INTO @extschema@.outbox_subscription AS s (topic, url, secret, headers, timeout, enabled)
+    INSERT INTO @extschema@.outbox_subscription AS s (topic, url, secret, headers, timeout, enabled, rate_limit, max_in_flight,
+                                                      disabled_reason)
     VALUES (outbox_subscribe.topic, outbox_subscribe.url, outbox_subscribe.secret,
-            coalesce(outbox_subscribe.headers, '{}'), outbox_subscribe.timeout, outbox_subscribe.enabled)
+            coalesce(outbox_subscribe.headers, '{}'), outbox_subscribe.timeout, outbox_subscribe.enabled,
+            outbox_subscribe.rate_limit, outbox_subscribe.max_in_flight,
+            CASE WHEN NOT outbox_subscribe.enabled THEN 'subscribed disabled' END)
     ON CONFLICT (topic, url) DO UPDATE
-       SET secret = EXCLUDED.secret, headers = EXCLUDED.headers,
-           timeout = EXCLUDED.timeout, enabled = EXCLUDED.enabled
+       SET secret = EXCLUDED.secret, headers = EXCLUDED.headers, timeout = EXCLUDED.timeout,
+           enabled = EXCLUDED.enabled, rate_limit = EXCLUDED.rate_limit, max_in_flight = EXCLUDED.max_in_flight,
+           disabled_reason = CASE WHEN EXCLUDED.enabled THEN NULL ELSE coalesce(s.disabled_reason, EXCLUDED.disabled_reason) END,
+           failing_since = CASE WHEN EXCLUDED.enabled AND NOT s.enabled THEN NULL ELSE s.failing_since END,
+           previous_secret = NULL, previous_secret_until = NULL
     RETURNING s.id INTO subscription_id;
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
     RETURN subscription_id;
 END
 $$;
 
-COMMENT ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean) IS
-'Sends the topic''s messages to url (http or https), signed with secret (whsec_… form; see outbox_generate_secret()) when given, with extra headers and a per-endpoint timeout. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
+COMMENT ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean, double precision, integer) IS
+'Sends the topic''s messages to url (http or https), signed with secret (whsec_… form; see outbox_generate_secret()) when given, with extra headers, a per-endpoint timeout, and at most rate_limit requests per second and max_in_flight at once (NULL: no limit). enabled false parks its deliveries until outbox_enable_subscription. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
+
+-- The subscription with this id, locked, or an error naming the function (22004, 22023).
+CREATE OR REPLACE FUNCTION outbox_subscription_for_update(function_name text, subscription_id bigint)
+RETURNS @extschema@.outbox_subscription
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    found_subscription @extschema@.outbox_subscription;
+BEGIN
+    IF subscription_id IS NULL THEN
+        RAISE EXCEPTION '%: subscription_id must not be NULL', function_name
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO found_subscription
+      FROM @extschema@.outbox_subscription s
+     WHERE s.id = subscription_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: subscription_id % does not exist', function_name, subscription_id
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'SELECT id, topic, url FROM outbox_subscriptions lists them.';
+    END IF;
+    RETURN found_subscription;
+END
+$$;
+
+-- disable: park an endpoint by hand. Its deliveries are kept, not attempted and not
+-- dead-lettered; new messages of its topic still get one for it.
+CREATE OR REPLACE FUNCTION outbox_disable_subscription(id bigint, reason text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    subscription @extschema@.outbox_subscription;
+BEGIN
+    subscription := @extschema@.outbox_subscription_for_update('outbox_disable_subscription'::text, outbox_disable_subscription.id);
+    IF NOT subscription.enabled THEN
+        RETURN false;
+    END IF;
+    UPDATE @extschema@.outbox_subscription s
+       SET enabled = false,
+           disabled_reason = coalesce(outbox_disable_subscription.reason, 'disabled by ' || session_user)
+     WHERE s.id = subscription.id;
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_disable_subscription(bigint, text) IS
+'Disables the endpoint: its deliveries are parked (kept, not attempted, no attempt used) until outbox_enable_subscription. Returns false when it was already disabled.';
+
+-- enable: resume an endpoint and its parked deliveries (due now, their attempts kept).
+CREATE OR REPLACE FUNCTION outbox_enable_subscription(id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    subscription @extschema@.outbox_subscription;
+BEGIN
+    subscription := @extschema@.outbox_subscription_for_update('outbox_enable_subscription'::text, outbox_enable_subscription.id);
+    IF subscription.enabled THEN
+        RETURN false;
+    END IF;
+    UPDATE @extschema@.outbox_subscription s
+       SET enabled = true, disabled_reason = NULL, failing_since = NULL
+     WHERE s.id = subscription.id;
+    UPDATE @extschema@.outbox_delivery d
+       SET available_at = clock_timestamp()
+     WHERE d.subscription_id = subscription.id
+       AND d.status = 'PENDING'::@extschema@.outbox_status
+       AND d.waiting_for IS NULL
+       AND NOT d.leased
+       AND d.available_at > clock_timestamp();
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_enable_subscription(bigint) IS
+'Enables the endpoint again: its parked deliveries are due at once (with the attempts they had). Returns false when it was already enabled.';
+
+-- rotate: a new secret for an endpoint, with a time when requests carry both signatures.
+CREATE OR REPLACE FUNCTION outbox_rotate_secret(
+    subscription_id bigint,
+    new_secret      text     DEFAULT NULL,
+    overlap         interval DEFAULT '24 hours'
+) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    subscription  @extschema@.outbox_subscription;
+    chosen_secret text := coalesce(outbox_rotate_secret.new_secret, @extschema@.outbox_generate_secret());
+BEGIN
+    subscription := @extschema@.outbox_subscription_for_update('outbox_rotate_secret'::text, outbox_rotate_secret.subscription_id);
+    IF outbox_rotate_secret.overlap IS NULL THEN
+        RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be NULL (''0'' ends the old secret at once)'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF outbox_rotate_secret.overlap < interval '0' THEN
+        RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be negative, got %', outbox_rotate_secret.overlap
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@.outbox_check_subscription(subscription.url, chosen_secret, '{}'::jsonb);
+    UPDATE @extschema@.outbox_subscription s
+       SET secret = chosen_secret,
+           previous_secret = CASE WHEN outbox_rotate_secret.overlap > interval '0' THEN subscription.secret END,
+           previous_secret_until = CASE WHEN outbox_rotate_secret.overlap > interval '0' AND subscription.secret IS NOT NULL
+                                        THEN clock_timestamp() + outbox_rotate_secret.overlap END
+     WHERE s.id = subscription.id;
+    PERFORM @extschema@.outbox_wake_worker_at_commit();
+    RETURN chosen_secret;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_rotate_secret(bigint, text, interval) IS
+'Gives the endpoint a new secret (new_secret, or a generated one) and returns it. For overlap, every request carries signatures by both the old and the new secret (webhook-signature holds both, space-separated), so the receiver can switch at any time in between; after it, only the new one.';
 
 -- unsubscribe: stop sending a topic to one endpoint (or, without url, to all).
 CREATE OR REPLACE FUNCTION outbox_unsubscribe(topic text, url text DEFAULT NULL) RETURNS integer
@@ -74,7 +213,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.topic::text, count(*)::integer
       FROM @extschema@.outbox_subscription s
-     WHERE s.enabled
      GROUP BY s.topic
      ORDER BY s.topic
 $$;

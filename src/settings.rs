@@ -3,8 +3,9 @@
 //! worker's are `SIGHUP`: a reload applies them. docs/settings.md has the table.
 
 use crate::policy::{BackoffPolicy, RetryPolicy};
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
-use std::ffi::CString;
+use crate::webhook::destination::{self, Network};
+use pgrx::{pg_guard, pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::time::Duration;
 
 pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(8);
@@ -21,6 +22,8 @@ pub static WORKER_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
 pub static MAX_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
+pub static ALLOWED_NETWORKS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+pub static ENDPOINT_DISABLE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"5 days"));
 
 pub fn register() {
     GucRegistry::define_int_guc(
@@ -147,6 +150,31 @@ pub fn register_worker(preloading: bool) {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    // SAFETY: the hooks are #[pg_guard]ed and only read the value they are given.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"outbox.allowed_networks",
+            c"Networks the delivery worker may connect to beyond public addresses (comma-separated CIDRs).",
+            c"Loopback, private, link-local, unspecified and multicast addresses are refused unless listed, e.g. '127.0.0.1/32' for a local receiver.",
+            &ALLOWED_NETWORKS,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_allowed_networks),
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"outbox.endpoint_disable_after",
+            c"How long an endpoint may fail every attempt before the delivery worker disables it ('0': never).",
+            c"Its deliveries are then parked until outbox_enable_subscription. An interval such as '5 days', '12h' or '30s'.",
+            &ENDPOINT_DISABLE_AFTER,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_endpoint_disable_after),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"outbox.retention",
         c"How long DONE messages (and the attempt log) are kept before the delivery worker purges them (0: never).",
@@ -175,6 +203,92 @@ pub fn worker_databases() -> Option<Vec<String>> {
     Some(names)
 }
 
+/// A string setting's new value in a check hook ("" when NULL).
+///
+/// # Safety
+/// `newval` is the pointer PostgreSQL passes a string check hook.
+unsafe fn checked_value<'a>(newval: *mut *mut c_char) -> std::borrow::Cow<'a, str> {
+    // SAFETY: as the caller promises; the string lives while the hook runs.
+    unsafe { if (*newval).is_null() { "".into() } else { CStr::from_ptr(*newval).to_string_lossy() } }
+}
+
+/// Rejects a value in a check hook, with `why` as the error's detail.
+fn reject(why: &str) -> bool {
+    let detail = CString::new(why.replace('\0', "")).unwrap_or_default();
+    // SAFETY: GUC_check_errdetail_string takes a palloc'd string, as GUC_check_errdetail does.
+    unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
+    false
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_allowed_networks(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+    // SAFETY: called by PostgreSQL as a string check hook.
+    match destination::parse_allowed_networks(&unsafe { checked_value(newval) }) {
+        Ok(_) => true,
+        Err(why) => reject(&why),
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_endpoint_disable_after(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+    // SAFETY: called by PostgreSQL as a string check hook.
+    match parse_duration(&unsafe { checked_value(newval) }) {
+        Ok(_) => true,
+        Err(why) => reject(&why),
+    }
+}
+
+/// The networks `outbox.allowed_networks` opens (read by name: in a session whose library was
+/// not preloaded, the setting is only a placeholder).
+pub fn allowed_networks() -> Vec<Network> {
+    // SAFETY: reads a setting by name; missing_ok.
+    let raw = unsafe { pg_sys::GetConfigOption(c"outbox.allowed_networks".as_ptr(), true, false) };
+    // SAFETY: a setting's value is a NUL-terminated string that lives until the next change.
+    let value = if raw.is_null() { String::new() } else { unsafe { CStr::from_ptr(raw) }.to_string_lossy().into_owned() };
+    destination::parse_allowed_networks(&value).unwrap_or_default()
+}
+
+/// `outbox.endpoint_disable_after`: `None` never disables.
+pub fn endpoint_disable_after() -> Option<Duration> {
+    let raw = ENDPOINT_DISABLE_AFTER.get().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    parse_duration(&raw).unwrap_or(Some(Duration::from_secs(5 * 24 * 3600)))
+}
+
+/// A duration setting: "5 days", "12h", "1 hour 30 min", "90" (seconds); "0" is `None`.
+pub fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
+    let bad = || format!("\"{}\" is not a duration such as '5 days', '12h' or '30s'", text.trim());
+    let mut total = 0f64;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let number: f64 = rest[..number_end].parse().map_err(|_| bad())?;
+        rest = rest[number_end..].trim_start();
+        let unit_end = rest.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(rest.len());
+        let seconds = match rest[..unit_end].to_ascii_lowercase().as_str() {
+            "" | "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
+            "us" => 1e-6,
+            "ms" => 1e-3,
+            "min" | "mins" | "minute" | "minutes" => 60.0,
+            "h" | "hour" | "hours" => 3600.0,
+            "d" | "day" | "days" => 86_400.0,
+            "w" | "week" | "weeks" => 604_800.0,
+            _ => return Err(bad()),
+        };
+        total += number * seconds;
+        rest = rest[unit_end..].trim_start();
+    }
+    if total == 0.0 {
+        Ok(None)
+    } else if total.is_finite() && total < 1e10 {
+        Ok(Some(Duration::from_secs_f64(total)))
+    } else {
+        Err(bad())
+    }
+}
+
 pub fn max_workers() -> usize {
     MAX_WORKERS.get() as usize
 }
@@ -190,6 +304,8 @@ pub struct WorkerSettings {
     pub http_timeout: Duration,
     /// `None`: keep DONE messages forever.
     pub retention: Option<Duration>,
+    /// `None`: never disable a failing endpoint.
+    pub endpoint_disable_after: Option<Duration>,
 }
 
 pub fn worker_settings() -> WorkerSettings {
@@ -204,6 +320,7 @@ pub fn worker_settings() -> WorkerSettings {
             0 => None,
             seconds => Some(Duration::from_secs(seconds as u64)),
         },
+        endpoint_disable_after: endpoint_disable_after(),
     }
 }
 
@@ -216,5 +333,25 @@ pub fn retry_policy() -> RetryPolicy {
             max: Duration::from_millis(BACKOFF_MAX_MS.get() as u64),
             jitter: BACKOFF_JITTER.get(),
         },
+    }
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(parse_duration("5 days"), Ok(Some(Duration::from_secs(5 * 86_400))));
+        assert_eq!(parse_duration("12h"), Ok(Some(Duration::from_secs(12 * 3600))));
+        assert_eq!(parse_duration("1 hour 30 min"), Ok(Some(Duration::from_secs(5400))));
+        assert_eq!(parse_duration(" 3s "), Ok(Some(Duration::from_secs(3))));
+        assert_eq!(parse_duration("90"), Ok(Some(Duration::from_secs(90))));
+        assert_eq!(parse_duration("1.5s"), Ok(Some(Duration::from_millis(1500))));
+        assert_eq!(parse_duration("0"), Ok(None));
+        for bad in ["", "soon", "5 fortnights", "-1 day", "1e400 s", "s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 }

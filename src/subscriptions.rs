@@ -2,7 +2,8 @@
 //! table and the functions that manage it are in `sql/subscriptions.sql`; these checks are the
 //! one definition of a valid endpoint.
 
-use crate::webhook;
+use crate::settings;
+use crate::webhook::{self, destination};
 use crate::error::{or_raise, OutboxError};
 use crate::fmgr::{required, sql_function};
 use crate::text;
@@ -141,6 +142,24 @@ sql_function!(outbox_check_subscription_wrapper, pg_finfo_outbox_check_subscript
     pg_sys::Datum::from(0)
 });
 
+// outbox_check_destination(url text) RETURNS void: a NOTICE when the URL's host is a literal
+// address the delivery worker would refuse (webhook/destination.rs), so that whoever subscribes
+// a local receiver learns about outbox.allowed_networks at once rather than from last_error.
+sql_function!(outbox_check_destination_c, pg_finfo_outbox_check_destination_c, |args| {
+    if let Some(address) = args.text(0).as_deref().and_then(literal_address) {
+        if let Err(refused) = destination::check(address, &settings::allowed_networks()) {
+            pgrx::notice!("outbox_subscribe: {refused}: the delivery worker will not connect to it until outbox.allowed_networks includes it");
+        }
+    }
+    pg_sys::Datum::from(0)
+});
+
+/// The URL's host when it is a literal IP address (`[…]` for IPv6).
+fn literal_address(url: &str) -> Option<std::net::IpAddr> {
+    let uri: ureq::http::Uri = url.parse().ok()?;
+    uri.host()?.trim_start_matches('[').trim_end_matches(']').parse().ok()
+}
+
 // outbox_generate_secret() RETURNS text: a new random signing secret in the Standard Webhooks
 // `whsec_` form. (Its symbol keeps the name pgrx gave it until 0.3.0.)
 sql_function!(outbox_generate_secret_wrapper, pg_finfo_outbox_generate_secret_wrapper, |_args| {
@@ -151,6 +170,13 @@ sql_function!(outbox_generate_secret_wrapper, pg_finfo_outbox_generate_secret_wr
 mod unit_tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn finds_literal_addresses_in_urls() {
+        assert_eq!(literal_address("http://169.254.169.254/latest"), Some([169, 254, 169, 254].into()));
+        assert_eq!(literal_address("https://[::1]:8443/hook"), Some(std::net::Ipv6Addr::LOCALHOST.into()));
+        assert_eq!(literal_address("https://hooks.example.com/outbox"), None);
+    }
 
     #[test]
     fn accepts_http_endpoints() {

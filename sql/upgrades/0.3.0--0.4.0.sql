@@ -25,3 +25,5 @@ DROP FUNCTION outbox_stats();
 -- signatures, made in sql/api.sql (the grants users gave on the old ones move to the new).
 DROP FUNCTION outbox_enqueue(text, jsonb, interval, text);
 DROP FUNCTION outbox_enqueue_batch(text, jsonb[], interval);
+-- outbox_subscribe gains rate_limit and max_in_flight (sql/subscriptions.sql).
+DROP FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean);

@@ -5,7 +5,10 @@
 //! returned `Answer` from its main thread. Signing and the classification of answers are pure
 //! functions with plain unit tests.
 
+pub mod destination;
 mod resolver;
+
+pub use resolver::AllowedNetworks;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
@@ -28,6 +31,8 @@ pub struct Endpoint {
     pub url: String,
     /// The decoded key of a `whsec_…` secret; `None` sends no signature.
     pub signing_key: Option<Vec<u8>>,
+    /// The key before a rotation (`outbox_rotate_secret`), and until when it signs too.
+    pub previous_key: Option<(Vec<u8>, SystemTime)>,
     pub headers: Vec<(String, String)>,
     pub timeout: Duration,
 }
@@ -64,6 +69,17 @@ pub fn sign(key: &[u8], message_id: &str, timestamp: u64, body: &[u8]) -> String
     mac.update(format!("{message_id}.{timestamp}.").as_bytes());
     mac.update(body);
     format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()))
+}
+
+/// The `webhook-signature` header: the signature by the endpoint's key, then, while a rotation's
+/// overlap lasts, the one by the previous key, space-separated (the spec's list of signatures:
+/// a receiver holding either secret finds the one it can verify). `None` when unsigned.
+pub fn signatures(endpoint: &Endpoint, message_id: &str, timestamp: u64, body: &[u8], now: SystemTime) -> Option<String> {
+    let current = sign(endpoint.signing_key.as_deref()?, message_id, timestamp, body);
+    Some(match &endpoint.previous_key {
+        Some((key, until)) if now < *until => format!("{current} {}", sign(key, message_id, timestamp, body)),
+        _ => current,
+    })
 }
 
 /// The key inside a `whsec_<base64>` secret (Standard Webhooks' format).
@@ -125,6 +141,7 @@ pub fn describe_transport_error(error: &ureq::Error, timeout: Duration) -> Strin
         ureq::Error::Timeout(_) => format!("timeout after {}", human_duration(timeout)),
         ureq::Error::HostNotFound => "host not found".to_string(),
         ureq::Error::ConnectionFailed => "connection failed".to_string(),
+        ureq::Error::Other(inner) if inner.is::<destination::Refused>() => inner.to_string(),
         ureq::Error::Io(io) => match io.kind() {
             std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
             std::io::ErrorKind::ConnectionReset => "connection reset".to_string(),
@@ -146,18 +163,20 @@ fn human_duration(duration: Duration) -> String {
 }
 
 /// One HTTP client for the worker's life: it keeps connections to endpoints alive between
-/// deliveries. Redirects are not followed (an endpoint is an exact URL), statuses are answers,
-/// not errors.
-pub fn new_agent(pool_per_host: usize) -> ureq::Agent {
+/// deliveries. Redirects are not followed (an endpoint is an exact URL), no proxy is used
+/// whatever the server's environment says (the guard judges the endpoint's own address), and
+/// statuses are answers, not errors. It connects only where `allowed` lets it (destination.rs).
+pub fn new_agent(pool_per_host: usize, allowed: AllowedNetworks) -> ureq::Agent {
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_redirects(0)
+        .proxy(None)
         .user_agent(concat!("outbox_ext/", env!("CARGO_PKG_VERSION")))
         .max_idle_connections_per_host(pool_per_host.max(1))
         .max_idle_connections(pool_per_host.max(1) * 16)
         .build();
     let connector = ureq::unversioned::transport::DefaultConnector::new();
-    ureq::Agent::with_parts(config, connector, resolver::RememberingResolver::default())
+    ureq::Agent::with_parts(config, connector, resolver::RememberingResolver::new(allowed))
 }
 
 /// POSTs `message` to `endpoint` with the Standard Webhooks headers. Every wait is bounded by
@@ -175,8 +194,8 @@ pub fn send(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Answ
         .header("webhook-timestamp", timestamp.to_string())
         .header("outbox-topic", &message.topic)
         .header("outbox-attempt", message.attempt.to_string());
-    if let Some(key) = &endpoint.signing_key {
-        request = request.header("webhook-signature", sign(key, &message.public_id, timestamp, &message.body));
+    if let Some(signature) = signatures(endpoint, &message.public_id, timestamp, &message.body, now) {
+        request = request.header("webhook-signature", signature);
     }
     for (name, value) in &endpoint.headers {
         request = request.header(name, value);
@@ -228,6 +247,26 @@ mod unit_tests {
             br#"{"test": 2432232314}"#,
         );
         assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn a_rotated_endpoint_signs_with_both_keys_until_the_overlap_ends() {
+        let (old, new) = (decode_secret(&generate_secret()).unwrap(), decode_secret(&generate_secret()).unwrap());
+        let now = SystemTime::now();
+        let endpoint = |previous_until: Option<SystemTime>| Endpoint {
+            url: "http://e/".into(),
+            signing_key: Some(new.clone()),
+            previous_key: previous_until.map(|until| (old.clone(), until)),
+            headers: vec![],
+            timeout: Duration::from_secs(1),
+        };
+        let (by_new, by_old) = (sign(&new, "msg_1", 7, b"{}"), sign(&old, "msg_1", 7, b"{}"));
+        let during = signatures(&endpoint(Some(now + Duration::from_secs(60))), "msg_1", 7, b"{}", now);
+        assert_eq!(during, Some(format!("{by_new} {by_old}")));
+        let after = signatures(&endpoint(Some(now - Duration::from_secs(1))), "msg_1", 7, b"{}", now);
+        assert_eq!(after, Some(by_new));
+        let unsigned = Endpoint { signing_key: None, ..endpoint(None) };
+        assert_eq!(signatures(&unsigned, "msg_1", 7, b"{}", now), None);
     }
 
     #[test]

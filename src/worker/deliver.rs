@@ -5,7 +5,7 @@
 //! beside its latch.
 
 use super::claim::Claimed;
-use crate::webhook::{self, Answer, Endpoint, Message};
+use crate::webhook::{self, AllowedNetworks, Answer, Endpoint, Message};
 use std::os::fd::RawFd;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -45,15 +45,16 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Starts `threads` helper threads sharing one HTTP client (connections kept alive).
-    pub fn start(threads: usize) -> Pool {
+    /// Starts `threads` helper threads sharing one HTTP client (connections kept alive) that
+    /// connects only where `allowed_networks` lets it.
+    pub fn start(threads: usize, allowed_networks: AllowedNetworks) -> Pool {
         // SAFETY: creates a non-blocking eventfd owned by this process.
         let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         assert!(wake_fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
         let (jobs, queue) = channel::<Job>();
         let (answers, results) = channel::<Finished>();
         let queue = Arc::new(Mutex::new(queue));
-        let agent = webhook::new_agent(threads);
+        let agent = webhook::new_agent(threads, allowed_networks);
         let handles = (0..threads)
             .map(|_| {
                 let (queue, answers, agent) = (Arc::clone(&queue), answers.clone(), agent.clone());

@@ -1,10 +1,10 @@
 -- The worker picks up ready messages of the topics it delivers ($2), oldest ready first, at
 -- most $3, skipping rows a SQL consumer holds; $1 is the clock. Each gets one delivery per
--- enabled subscription of its topic, which starts where the message stood (its attempts and
--- last error: a message that was backing off keeps its schedule) and, with an ordering key,
--- waits behind the endpoint's pending delivery of that key, if any. The message then waits for
--- its deliveries (no claim takes it) and releases its key: from here the order holds per
--- endpoint. Returns how many messages it picked up, the endpoints that got new deliveries, and
+-- subscription of its topic (parked while that one is disabled), which starts where the
+-- message stood (its attempts and last error: a message that was backing off keeps its
+-- schedule) and, with an ordering key, waits behind the endpoint's pending delivery of that
+-- key, if any. The message then waits for its deliveries (no claim takes it) and releases its
+-- key: from here the order holds per endpoint. Returns how many messages it picked up, the endpoints that got new deliveries, and
 -- the ordering keys released (for src/ordering).
 WITH ready AS (
     SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key
@@ -27,7 +27,7 @@ WITH ready AS (
                 THEN 'ordering_key'::@extschema@.outbox_wait END
       FROM ready r
       JOIN @extschema@.outbox_subscription s
-        ON s.topic OPERATOR(pg_catalog.=) r.topic AND s.enabled
+        ON s.topic OPERATOR(pg_catalog.=) r.topic
     ON CONFLICT (message_id, subscription_id) DO NOTHING
     RETURNING d.message_id, d.subscription_id
 ), waiting AS (

@@ -10,7 +10,8 @@
 //!    request on its own, with its endpoint's timeout;
 //! 3. **record** (`record.rs`): the answers that came back, in one short transaction with the
 //!    next claim: DONE, retried after the backoff, or DEAD; the attempt log; the messages whose
-//!    deliveries have all ended;
+//!    deliveries have all ended; and what they mean for their endpoints (`breaker.rs`:
+//!    failing, recovered, disabled after failing too long);
 //! 4. **sleep** (`sleep.rs`): until an answer comes back, a producer commits, a delivery falls
 //!    due or the poll interval passes.
 //!
@@ -18,6 +19,7 @@
 //! what comes back within the requests' timeouts and exits. A crash leaves deliveries leased; the
 //! next worker of the database (never two at once) makes them due again at its start.
 
+mod breaker;
 mod claim;
 mod deliver;
 mod endpoints;
@@ -34,6 +36,7 @@ pub use registry::wake_worker_at_commit as wake_at_commit;
 use crate::fmgr::{sql_function, SetResult};
 use crate::settings::{self, WorkerSettings};
 use crate::spi::Spi;
+use crate::webhook::AllowedNetworks;
 use deliver::{Finished, Pool};
 use endpoints::Endpoints;
 use housekeeping::Housekeeping;
@@ -86,6 +89,8 @@ struct Worker {
     slot: usize,
     settings: WorkerSettings,
     endpoints: Endpoints,
+    /// `outbox.allowed_networks`, shared with the HTTP client's resolver.
+    allowed_networks: AllowedNetworks,
     pool: Pool,
     /// Answers not yet recorded (a failed step keeps them for the next).
     finished: Vec<Finished>,
@@ -116,9 +121,11 @@ enum Step {
 impl Worker {
     fn new(slot: usize) -> Self {
         let settings = settings::worker_settings();
+        let allowed_networks = AllowedNetworks::new(settings::allowed_networks().into());
         Worker {
             slot,
-            pool: Pool::start(settings.max_in_flight),
+            pool: Pool::start(settings.max_in_flight, AllowedNetworks::clone(&allowed_networks)),
+            allowed_networks,
             settings,
             endpoints: Endpoints::default(),
             finished: Vec::new(),
@@ -168,6 +175,7 @@ impl Worker {
                 // SAFETY: applies a reload in this process, as a SIGHUP asks.
                 unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
                 self.settings = settings::worker_settings();
+                *self.allowed_networks.write().unwrap_or_else(std::sync::PoisonError::into_inner) = settings::allowed_networks();
                 self.next_refresh = Instant::now();
             }
             self.take_answers();
@@ -181,10 +189,9 @@ impl Worker {
                     self.retry_at = None;
                     self.finished.clear();
                     self.report(&recorded);
+                    let started_at = Instant::now();
                     for delivery in &claimed {
-                        if let Some(state) = self.endpoints.by_id.get_mut(&delivery.subscription_id) {
-                            state.in_flight += 1;
-                        }
+                        self.endpoints.started(delivery.subscription_id, 1, started_at);
                     }
                     let endpoints = &self.endpoints;
                     self.pool.send(claimed, |id| endpoints.by_id[&id].endpoint.clone());
@@ -239,6 +246,7 @@ impl Worker {
         let policy = settings::retry_policy();
         let mut spi = Spi::connect();
         let recorded = record::record(&mut spi, schema, &self.finished, &policy, &mut self.endpoints);
+        breaker::record(&mut spi, schema, &self.finished, &mut self.endpoints, self.settings.endpoint_disable_after);
         let mut claimed = Vec::new();
         if claiming {
             // SAFETY: reads the clock.
@@ -255,7 +263,8 @@ impl Worker {
                 self.messages_may_be_ready = claim::fan_out(&mut spi, schema, &mut self.endpoints, batch, now);
             }
             let mut budget = (self.settings.max_payload_bytes as i64 - self.pool.bytes_in_flight() as i64).max(0);
-            for (subscription_id, slots) in self.endpoints.free_slots(self.settings.max_in_flight, self.pool.in_flight()) {
+            let free = self.endpoints.free_slots(self.settings.max_in_flight, self.pool.in_flight(), Instant::now());
+            for (subscription_id, slots) in free {
                 let nothing_in_flight = self.pool.in_flight() + claimed.len() == 0;
                 if budget == 0 && !nothing_in_flight {
                     break;
@@ -325,11 +334,16 @@ impl Worker {
         let mut wait = self.next_refresh.saturating_duration_since(Instant::now());
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
-        let room = self.pool.in_flight() < self.settings.max_in_flight;
-        if room && !self.draining {
-            if self.messages_may_be_ready || self.endpoints.by_id.values().any(|e| e.due_now) {
+        let max_in_flight = self.settings.max_in_flight;
+        if self.pool.in_flight() < max_in_flight && !self.draining {
+            if self.messages_may_be_ready {
                 wait = Duration::ZERO;
-            } else if let Some(due) = self.endpoints.earliest_due() {
+            }
+            // An endpoint with due work and room starts now, or when its rate limit allows.
+            if let Some(until_it_may) = self.endpoints.wait_for_due_work(max_in_flight, Instant::now()) {
+                wait = wait.min(until_it_may);
+            }
+            if let Some(due) = self.endpoints.earliest_due(max_in_flight) {
                 wait = wait.min(Duration::from_micros(u64::try_from(due - now).unwrap_or(0)));
             }
         }

@@ -60,14 +60,16 @@ def test_stats_read_only_live_rows_through_indexes(db):
            SELECT 'booking.created', '{}', 'DONE', 1, now() - interval '1 hour' FROM generate_series(1, 300000)"""
     )
     # ... and as many DONE deliveries (to an endpoint the worker leaves alone).
-    db.execute("INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('booking.created', 'http://127.0.0.1:9/', false)")
+    db.execute("INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('audit.exported', 'http://127.0.0.1:9/', false)")
     db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
                   SELECT id, (SELECT id FROM outbox_subscription), 'DONE', 1, processed_at FROM outbox WHERE status = 'DONE'""")
     db.execute("VACUUM ANALYZE outbox")
     db.execute("VACUUM ANALYZE outbox_delivery")
     plan = plan_of(db, "SELECT * FROM outbox_stats()", "GROUPING SETS")["Plan"]
     kinds = [n["Node Type"] for n in nodes(plan)]
-    assert "Seq Scan" not in kinds, [(n.get("Relation Name"), n.get("Filter")) for n in nodes(plan) if n["Node Type"] == "Seq Scan"]
+    # (The subscriptions are a handful of rows: read whole.)
+    scanned = [(n.get("Relation Name"), n.get("Filter")) for n in nodes(plan) if n["Node Type"] == "Seq Scan"]
+    assert all(relation == "outbox_subscription" for relation, _ in scanned), scanned
     touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
     assert touched < 200, f"the statistics read {touched} pages with 300k DONE rows behind them"
     assert stats(db)[None]["pending"] == 100

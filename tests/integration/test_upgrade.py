@@ -117,9 +117,10 @@ def test_update_from_a_previous_version_keeps_data_and_matches_a_fresh_install(d
     with fresh_database("outbox_upgrade_old") as old:
         old.execute(f"CREATE EXTENSION outbox_ext VERSION '{previous}'")
         old.execute(EVERY_STATE)
-        # (Disabled: once updated, the database gets a delivery worker, which would deliver.)
+        # (Of a topic without messages: once updated, the database gets a delivery worker,
+        # which would take the messages of a subscribed topic.)
         old.execute("INSERT INTO outbox_subscription (topic, url, secret, enabled) VALUES "
-                    "('booking.created', 'https://hooks.example.test/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', false)")
+                    "('audit.exported', 'https://hooks.example.test/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', false)")
         claim_language = old.execute("SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
                                      "WHERE p.oid = 'outbox_claim(integer, text[], interval)'::regprocedure").fetchone()[0]
         if claim_language == "c":

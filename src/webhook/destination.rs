@@ -1,0 +1,174 @@
+//! The SSRF guard: which addresses the worker may connect to. A server inside a private network
+//! must not become a proxy to its neighbours, so by default the worker refuses loopback,
+//! private, link-local (cloud metadata services live there), unspecified, multicast and
+//! broadcast addresses; `outbox.allowed_networks` opens chosen ranges. The check is made on the
+//! *resolved* address the connection then uses (resolver.rs), so a host name that resolves to
+//! a refused address (DNS rebinding included) is refused too.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+/// One network, such as `10.0.0.0/8`, `127.0.0.1/32` or `fd00::/8` (a bare address is the
+/// network of that address alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    address: IpAddr,
+    prefix: u8,
+}
+
+impl FromStr for Network {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let (address, prefix) = match text.split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (text, None),
+        };
+        let address: IpAddr = address.parse().map_err(|_| format!("\"{text}\" is not an IP address or a CIDR network"))?;
+        let longest = if address.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => longest,
+            Some(digits) => match digits.parse::<u8>() {
+                Ok(prefix) if prefix <= longest && !digits.starts_with('+') => prefix,
+                _ => return Err(format!("\"{text}\" has a prefix length that is not 0 to {longest}")),
+            },
+        };
+        Ok(Network { address, prefix })
+    }
+}
+
+impl Network {
+    pub fn contains(&self, address: IpAddr) -> bool {
+        match (self.address, address) {
+            (IpAddr::V4(network), IpAddr::V4(address)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(network) & mask == u32::from(address) & mask
+            }
+            (IpAddr::V6(network), IpAddr::V6(address)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(network) & mask == u128::from(address) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The value of `outbox.allowed_networks`: comma-separated networks (empty: none).
+pub fn parse_allowed_networks(list: &str) -> Result<Vec<Network>, String> {
+    list.split(',').filter(|item| !item.trim().is_empty()).map(str::parse).collect()
+}
+
+/// A refused destination: the error the attempt records (and counts like any failure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub IpAddr);
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "destination {} is not allowed (outbox.allowed_networks)", self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Whether the worker may connect to `address`: an address outside the ranges refused by
+/// default, or one inside `allowed`.
+pub fn check(address: IpAddr, allowed: &[Network]) -> Result<(), Refused> {
+    // An IPv4 address written as IPv6 (::ffff:10.0.0.1) is the IPv4 address.
+    let address = match address {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
+        v4 => v4,
+    };
+    if !refused_by_default(address) || allowed.iter().any(|network| network.contains(address)) {
+        Ok(())
+    } else {
+        Err(Refused(address))
+    }
+}
+
+fn refused_by_default(address: IpAddr) -> bool {
+    match address {
+        IpAddr::V4(v4) => refused_v4(v4),
+        IpAddr::V6(v6) => refused_v6(v6),
+    }
+}
+
+fn refused_v4(address: Ipv4Addr) -> bool {
+    address.is_loopback()             // 127.0.0.0/8
+        || address.is_private()       // 10/8, 172.16/12, 192.168/16 (RFC 1918)
+        || address.is_link_local()    // 169.254/16: cloud metadata services
+        || address.is_unspecified()
+        || address.octets()[0] == 0   // 0.0.0.0/8, "this network": reaches the host itself
+        || address.is_multicast()
+        || address.is_broadcast()
+        || (address.octets()[0] == 100 && address.octets()[1] & 0xc0 == 64) // 100.64/10, carrier NAT
+}
+
+fn refused_v6(address: Ipv6Addr) -> bool {
+    let first = address.segments()[0];
+    address.is_loopback()
+        || address.is_unspecified()
+        || address.is_multicast()
+        || first & 0xfe00 == 0xfc00   // fc00::/7, unique local (the private ranges of IPv6)
+        || first & 0xffc0 == 0xfe80   // fe80::/10, link-local
+        // NAT64 (64:ff9b::/96) and IPv4-compatible addresses carry an IPv4 address: judge that one.
+        || (address.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || address.segments()[..6] == [0; 6])
+            && refused_v4(Ipv4Addr::from((u128::from(address) as u32).to_be_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allowed(list: &str) -> Vec<Network> {
+        parse_allowed_networks(list).unwrap()
+    }
+
+    fn verdict(address: &str, list: &str) -> Result<(), String> {
+        check(address.parse().unwrap(), &allowed(list)).map_err(|refused| refused.to_string())
+    }
+
+    #[test]
+    fn public_addresses_are_allowed() {
+        for address in ["93.184.216.34", "8.8.8.8", "2606:2800:220:1:248:1893:25c8:1946", "172.32.0.1", "100.128.0.1"] {
+            assert_eq!(verdict(address, ""), Ok(()), "{address}");
+        }
+    }
+
+    #[test]
+    fn internal_addresses_are_refused_by_default() {
+        for address in [
+            "127.0.0.1", "127.8.9.10", "10.1.2.3", "172.16.0.1", "172.31.255.255", "192.168.1.1", "169.254.169.254",
+            "0.0.0.0", "0.1.2.3", "224.0.0.1", "255.255.255.255", "100.64.0.1", "::1", "::", "fd00::1", "fc12::1",
+            "fe80::1", "ff02::1", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe", "::7f00:1",
+        ] {
+            assert!(verdict(address, "").is_err(), "{address}");
+        }
+        assert_eq!(
+            verdict("169.254.169.254", ""),
+            Err("destination 169.254.169.254 is not allowed (outbox.allowed_networks)".into())
+        );
+        assert_eq!(verdict("::ffff:10.0.0.1", ""), Err("destination 10.0.0.1 is not allowed (outbox.allowed_networks)".into()));
+    }
+
+    #[test]
+    fn allowed_networks_open_chosen_ranges_only() {
+        assert_eq!(verdict("127.0.0.1", "127.0.0.1/32"), Ok(()));
+        assert!(verdict("127.0.0.2", "127.0.0.1/32").is_err());
+        assert_eq!(verdict("10.20.30.40", " 192.168.0.0/16 , 10.0.0.0/8"), Ok(()));
+        assert_eq!(verdict("::ffff:127.0.0.1", "127.0.0.1"), Ok(()));
+        assert_eq!(verdict("fd00::5", "fd00::/8"), Ok(()));
+        assert!(verdict("::1", "127.0.0.1/32").is_err(), "an IPv4 network does not open IPv6 loopback");
+        assert_eq!(verdict("169.254.169.254", "0.0.0.0/0"), Ok(()), "everything, if asked for");
+    }
+
+    #[test]
+    fn networks_that_do_not_parse_are_named() {
+        assert_eq!(parse_allowed_networks(""), Ok(vec![]));
+        assert_eq!(parse_allowed_networks("10.0.0.0/33"), Err("\"10.0.0.0/33\" has a prefix length that is not 0 to 32".into()));
+        assert_eq!(parse_allowed_networks("10.0.0.0/8,example.com"), Err("\"example.com\" is not an IP address or a CIDR network".into()));
+        assert!(parse_allowed_networks("10.0.0.0/+8").is_err());
+        assert!(parse_allowed_networks("::/129").is_err());
+    }
+}

@@ -1,0 +1,12 @@
+-- Endpoints $1 (their latest errors $2, pairwise) that have failed every attempt for at least
+-- $3 (outbox.endpoint_disable_after) are disabled, with the reason. Returns those it disabled.
+UPDATE @extschema@.outbox_subscription s
+   SET enabled = false,
+       disabled_reason = pg_catalog.format(
+           'every attempt failed since %s (outbox.endpoint_disable_after = %s); last error: %s',
+           s.failing_since, $3, f.error)
+  FROM pg_catalog.unnest($1, $2) AS f(id, error)
+ WHERE s.id OPERATOR(pg_catalog.=) f.id
+   AND s.enabled
+   AND s.failing_since OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) $3
+RETURNING s.id, s.topic::pg_catalog.text, s.url, s.disabled_reason
