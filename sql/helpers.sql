@@ -20,6 +20,11 @@ CREATE OR REPLACE FUNCTION outbox_check_subscription(url text, secret text, head
 LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_check_subscription_wrapper';
 
+-- The error outbox_rotate_secret raises for a new_secret not in the whsec_ form.
+CREATE OR REPLACE FUNCTION outbox_check_new_secret(secret text) RETURNS void
+LANGUAGE c IMMUTABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_check_new_secret_c';
+
 -- A NOTICE when the URL's host is a literal address the delivery worker refuses
 -- (outbox.allowed_networks).
 CREATE OR REPLACE FUNCTION outbox_check_destination(url text) RETURNS void

@@ -1411,6 +1411,11 @@ CREATE OR REPLACE FUNCTION outbox_check_subscription(url text, secret text, head
 LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_check_subscription_wrapper';
 
+-- The error outbox_rotate_secret raises for a new_secret not in the whsec_ form.
+CREATE OR REPLACE FUNCTION outbox_check_new_secret(secret text) RETURNS void
+LANGUAGE c IMMUTABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_check_new_secret_c';
+
 -- A NOTICE when the URL's host is a literal address the delivery worker refuses
 -- (outbox.allowed_networks).
 CREATE OR REPLACE FUNCTION outbox_check_destination(url text) RETURNS void
@@ -1667,7 +1672,7 @@ COMMENT ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean,
 'Sends the topic''s messages to url (http or https), signed with secret (whsec_… form; see outbox_generate_secret()) when given, with extra headers, a per-endpoint timeout, and at most rate_limit requests per second and max_in_flight at once (NULL: no limit). enabled false parks its deliveries until outbox_enable_subscription. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
 
 -- The subscription with this id, locked, or an error naming the function (22004, 22023).
-CREATE OR REPLACE FUNCTION outbox_subscription_for_update(function_name text, subscription_id bigint)
+CREATE OR REPLACE FUNCTION outbox_subscription_for_update(function_name text, argument_name text, subscription_id bigint)
 RETURNS @extschema@.outbox_subscription
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1676,7 +1681,7 @@ DECLARE
     found_subscription @extschema@.outbox_subscription;
 BEGIN
     IF subscription_id IS NULL THEN
-        RAISE EXCEPTION '%: subscription_id must not be NULL', function_name
+        RAISE EXCEPTION '%: % must not be NULL', function_name, argument_name
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     SELECT * INTO found_subscription
@@ -1684,7 +1689,7 @@ BEGIN
      WHERE s.id = subscription_id
        FOR UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION '%: subscription_id % does not exist', function_name, subscription_id
+        RAISE EXCEPTION '%: % % is not a subscription', function_name, argument_name, subscription_id
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'SELECT id, topic, url FROM outbox_subscriptions lists them.';
     END IF;
@@ -1702,7 +1707,7 @@ AS $$
 DECLARE
     subscription @extschema@.outbox_subscription;
 BEGIN
-    subscription := @extschema@.outbox_subscription_for_update('outbox_disable_subscription'::text, outbox_disable_subscription.id);
+    subscription := @extschema@.outbox_subscription_for_update('outbox_disable_subscription'::text, 'id'::text, outbox_disable_subscription.id);
     IF NOT subscription.enabled THEN
         RETURN false;
     END IF;
@@ -1727,7 +1732,7 @@ AS $$
 DECLARE
     subscription @extschema@.outbox_subscription;
 BEGIN
-    subscription := @extschema@.outbox_subscription_for_update('outbox_enable_subscription'::text, outbox_enable_subscription.id);
+    subscription := @extschema@.outbox_subscription_for_update('outbox_enable_subscription'::text, 'id'::text, outbox_enable_subscription.id);
     IF subscription.enabled THEN
         RETURN false;
     END IF;
@@ -1763,7 +1768,7 @@ DECLARE
     subscription  @extschema@.outbox_subscription;
     chosen_secret text := coalesce(outbox_rotate_secret.new_secret, @extschema@.outbox_generate_secret());
 BEGIN
-    subscription := @extschema@.outbox_subscription_for_update('outbox_rotate_secret'::text, outbox_rotate_secret.subscription_id);
+    subscription := @extschema@.outbox_subscription_for_update('outbox_rotate_secret'::text, 'subscription_id'::text, outbox_rotate_secret.subscription_id);
     IF outbox_rotate_secret.overlap IS NULL THEN
         RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be NULL (''0'' ends the old secret at once)'
             USING ERRCODE = 'null_value_not_allowed';
@@ -1772,7 +1777,7 @@ BEGIN
         RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be negative, got %', outbox_rotate_secret.overlap
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM @extschema@.outbox_check_subscription(subscription.url, chosen_secret, '{}'::jsonb);
+    PERFORM @extschema@.outbox_check_new_secret(chosen_secret);
     UPDATE @extschema@.outbox_subscription s
        SET secret = chosen_secret,
            previous_secret = CASE WHEN outbox_rotate_secret.overlap > interval '0' THEN subscription.secret END,

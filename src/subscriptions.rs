@@ -142,6 +142,15 @@ sql_function!(outbox_check_subscription_wrapper, pg_finfo_outbox_check_subscript
     pg_sys::Datum::from(0)
 });
 
+// outbox_check_new_secret(secret text) RETURNS void: the error outbox_rotate_secret owes its
+// caller for a new_secret not in the whsec_ form.
+sql_function!(outbox_check_new_secret_c, pg_finfo_outbox_check_new_secret_c, |args| {
+    const FUNCTION: &str = "outbox_rotate_secret";
+    let secret = required(args.text(0), FUNCTION, "new_secret");
+    or_raise(webhook::decode_secret(&secret).map(drop).map_err(|why| OutboxError::invalid(FUNCTION, "new_secret", why)));
+    pg_sys::Datum::from(0)
+});
+
 // outbox_check_destination(url text) RETURNS void: a NOTICE when the URL's host is a literal
 // address the delivery worker would refuse (webhook/destination.rs), so that whoever subscribes
 // a local receiver learns about outbox.allowed_networks at once rather than from last_error.

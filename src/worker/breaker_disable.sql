@@ -5,8 +5,8 @@ UPDATE @extschema@.outbox_subscription s
        disabled_reason = pg_catalog.format(
            'every attempt failed since %s (outbox.endpoint_disable_after = %s); last error: %s',
            s.failing_since, $3, f.error)
-  FROM pg_catalog.unnest($1, $2) AS f(id, error)
+  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS f(id, error)
  WHERE s.id OPERATOR(pg_catalog.=) f.id
    AND s.enabled
-   AND s.failing_since OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) $3
+   AND s.failing_since OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) $3)
 RETURNING s.id, s.topic::pg_catalog.text, s.url, s.disabled_reason

@@ -1,8 +1,10 @@
 //! Statements that need a database without connections (`DROP DATABASE`, `ALTER DATABASE …
 //! RENAME` or `SET TABLESPACE`, `CREATE DATABASE … TEMPLATE`) would otherwise wait for, and then
-//! fail because of, the database's delivery worker. A utility hook, in every backend of a
-//! server that preloads the library, asks that worker to leave first, keeps a new one away while
-//! the statement runs, and lets it back afterwards (if the database is still there).
+//! fail because of, the database's delivery worker; `DROP EXTENSION outbox_ext` would meet the
+//! worker's locks in the other order (a deadlock, which PostgreSQL breaks by failing one). A
+//! utility hook, in every backend of a server that preloads the library, asks that worker to
+//! leave first, keeps a new one away while the statement runs, and lets it back afterwards (if
+//! the database, or the extension, is still there).
 
 use super::registry;
 use pgrx::pg_sys;
@@ -43,6 +45,9 @@ unsafe fn databases_to_pause(statement: *mut pg_sys::Node) -> Vec<pg_sys::Oid> {
                 let create = statement as *mut pg_sys::CreatedbStmt;
                 option(&(*create).options, "template").map(|t| pg_sys::defGetString(t)).into_iter().map(|s| s.cast_const()).collect()
             }
+            pg_sys::NodeTag::T_DropStmt if drops_this_extension(statement as *mut pg_sys::DropStmt) => {
+                return vec![pg_sys::MyDatabaseId];
+            }
             _ => vec![],
         };
         names
@@ -51,6 +56,19 @@ unsafe fn databases_to_pause(statement: *mut pg_sys::Node) -> Vec<pg_sys::Oid> {
             .map(|name| pg_sys::get_database_oid(name, true))
             .filter(|&oid| oid != pg_sys::InvalidOid)
             .collect()
+    }
+}
+
+/// Whether `drop` is `DROP EXTENSION … outbox_ext …`.
+unsafe fn drops_this_extension(drop: *mut pg_sys::DropStmt) -> bool {
+    // SAFETY: a DropStmt; for extensions its objects are String nodes (their names).
+    unsafe {
+        (*drop).removeType == pg_sys::ObjectType::OBJECT_EXTENSION
+            && PgList::<pg_sys::Node>::from_pg((*drop).objects).iter_ptr().any(|object| {
+                (*object).type_ == pg_sys::NodeTag::T_String
+                    && !(*(object as *mut pg_sys::String)).sval.is_null()
+                    && CStr::from_ptr((*(object as *mut pg_sys::String)).sval).to_bytes() == b"outbox_ext"
+            })
     }
 }
 

@@ -41,6 +41,11 @@ ABILITIES = [
     ("SELECT count(*) FROM outbox_deliveries", {"app_admin"}),
     ("SELECT count(*) FROM outbox_delivery_attempts", {"app_admin"}),
     ("SELECT outbox_redeliver(1)", {"app_admin"}),
+    ("SELECT outbox_disable_subscription(1)", {"app_admin"}),
+    ("SELECT outbox_enable_subscription(1)", {"app_admin"}),
+    ("SELECT outbox_rotate_secret(1)", {"app_admin"}),
+    ("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', rate_limit => 5, max_in_flight => 1)", {"app_admin"}),
+    ("SELECT id FROM outbox_enqueue('booking.created', '{}', headers => '{\"x-tenant\": \"7\"}')", {"app_producer", "app_admin"}),
     ("SELECT * FROM outbox_topics()", set(ROLES)),
 ]
 

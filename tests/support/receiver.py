@@ -18,6 +18,8 @@ class Receiver:
     def __init__(self, port: int = 0, quiet: bool = True):
         self.requests = []
         self.started = 0  # requests whose handling began (a slow answer may still be pending)
+        self.concurrent = 0  # requests being handled now
+        self.max_concurrent = 0  # the most handled at once since start (or reset_concurrency)
         self._script = collections.deque()
         self._default = (200, 0.0, {}, b"")
         self._decide = None  # a function of nothing returning an answer, when set
@@ -53,8 +55,11 @@ class Receiver:
             def do_POST(self):
                 length = int(self.headers.get("content-length", 0))
                 body = self.rfile.read(length)
+                arrived_at = time.time()
                 with receiver._changed:
                     receiver.started += 1
+                    receiver.concurrent += 1
+                    receiver.max_concurrent = max(receiver.max_concurrent, receiver.concurrent)
                     if receiver._script:
                         status, delay, headers, answer = receiver._script.popleft()
                     elif receiver._decide:
@@ -68,6 +73,7 @@ class Receiver:
                     "headers": {k.lower(): v for k, v in self.headers.items()},
                     "body": body.decode(),
                     "status": status,
+                    "arrived_at": arrived_at,
                     "received_at": time.time(),
                     "client_port": self.client_address[1],  # one per connection the sender opened
                 }
@@ -85,6 +91,7 @@ class Receiver:
                 except (BrokenPipeError, ConnectionResetError):
                     record["status"] = "client gone"  # the sender timed out first
                 with receiver._changed:
+                    receiver.concurrent -= 1
                     receiver.requests.append(record)
                     receiver._changed.notify_all()
                 if not receiver._quiet:
@@ -128,6 +135,11 @@ class Receiver:
         return f"http://127.0.0.1:{self._port}/hooks"
 
     # -- observation -----------------------------------------------------------------------
+    def reset_concurrency(self):
+        """Starts counting the most requests handled at once afresh (from those in hand now)."""
+        with self._changed:
+            self.max_concurrent = self.concurrent
+
     def wait_for(self, count: int, timeout: float = 15.0, started: bool = False):
         """Blocks until `count` requests were answered (or began, with started=True)."""
         deadline = time.monotonic() + timeout

@@ -1,0 +1,317 @@
+"""Endpoints that protect themselves and their receivers (docs/worker.md): the circuit breaker
+with parking, rate limits, secret rotation, the SSRF guard and per-message headers. End to end,
+with real local receivers and the delivery worker of the test database."""
+
+import json
+import os
+import pathlib
+import socket
+import time
+
+import psycopg
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from conftest import connect
+from support import eventually
+from support.receiver import Receiver
+
+FAST = {
+    "outbox.backoff_base": "100ms",
+    "outbox.backoff_max": "300ms",
+    "outbox.backoff_jitter": "0",
+    "outbox.max_attempts": "1000",
+    "outbox.http_timeout": "1s",
+    "outbox.poll_interval": "200ms",
+    "outbox.max_in_flight": "8",
+}
+
+
+def configure(settings: dict):
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        for name, value in settings.items():
+            admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        admin.execute("SELECT pg_reload_conf()")
+    time.sleep(0.5)  # applied at the worker's next wake-up
+
+
+@pytest.fixture()
+def worker(db):
+    configure(FAST)
+    yield db
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM RESET ALL")
+        admin.execute("SELECT pg_reload_conf()")
+
+
+@pytest.fixture()
+def receivers():
+    started = []
+
+    def start():
+        receiver = Receiver().start()
+        started.append(receiver)
+        return receiver
+
+    yield start
+    for receiver in started:
+        receiver.stop()
+
+
+def enqueue_many(conn, count, topic="booking.created", headers=None):
+    conn.execute(
+        "SELECT count(*) FROM (SELECT outbox_enqueue(%s, jsonb_build_object('n', n), headers => %s::jsonb) FROM generate_series(1, %s) n) e",
+        (topic, json.dumps(headers) if headers else None, count),
+    )
+
+
+def done(conn):
+    return conn.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0]
+
+
+def server_log() -> str:
+    path = os.environ.get("OUTBOX_TEST_SERVER_LOG")
+    return pathlib.Path(path).read_text(errors="replace") if path else ""
+
+
+# -- 1. circuit breaker and parking ----------------------------------------------------------
+
+
+def test_a_receiver_that_is_down_is_probed_one_request_at_a_time_then_disabled_and_its_deliveries_parked(worker, receivers):
+    db = worker
+    configure({"outbox.endpoint_disable_after": "3s"})
+    down, healthy = receivers(), receivers()
+    down.answer_by_default(503, delay=0.05, body=b"maintenance")
+    down_id = db.execute("SELECT outbox_subscribe('booking.created', %s)", (down.url,)).fetchone()[0]
+    db.execute("SELECT outbox_subscribe('booking.created', %s)", (healthy.url,))
+    enqueue_many(db, 20)
+
+    # The healthy endpoint is not held back by the failing one.
+    healthy.wait_for(20, timeout=15)
+    # Once its first answers failed, the down endpoint gets one request at a time.
+    down.wait_for(8, timeout=15)
+    down.reset_concurrency()
+    down.wait_for(len(down.requests) + 10, timeout=15)
+    assert down.max_concurrent == 1, f"{down.max_concurrent} requests at once to a failing endpoint"
+
+    # Failing for outbox.endpoint_disable_after: disabled, with a reason and a WARNING.
+    enabled, reason = eventually(
+        lambda: (row := db.execute("SELECT enabled, disabled_reason FROM outbox_subscriptions WHERE id = %s", (down_id,)).fetchone())
+        and not row[0] and row,
+        timeout=20,
+        what="the failing endpoint to be disabled",
+    )
+    assert "every attempt failed since" in reason and "HTTP 503: maintenance" in reason, reason
+    assert f"subscription {down_id} of \"booking.created\" to {down.url} disabled" in server_log()
+
+    # Parked: kept, not attempted, not dead-lettered; new messages get a parked delivery too.
+    time.sleep(0.5)  # answers in flight when it was disabled are recorded
+    attempts = db.execute("SELECT sum(attempts) FROM outbox_delivery WHERE subscription_id = %s", (down_id,)).fetchone()[0]
+    requests = len(down.requests)
+    enqueue_many(db, 1)
+    healthy.wait_for(21, timeout=10)
+    time.sleep(1.5)
+    assert len(down.requests) == requests, "a disabled endpoint got requests"
+    parked = db.execute(
+        "SELECT count(*), sum(attempts) FROM outbox_delivery WHERE subscription_id = %s AND status = 'PENDING'", (down_id,)
+    ).fetchone()
+    assert parked == (21, attempts)
+    assert db.execute("SELECT count(*) FROM outbox WHERE status = 'DEAD'").fetchone()[0] == 0
+    total = db.execute("SELECT disabled_endpoints, parked_deliveries FROM outbox_monitoring WHERE topic IS NULL").fetchone()
+    assert total == (1, 21)
+
+    # Enabled again (the receiver is back): every parked delivery goes, and the messages end.
+    down.answer_by_default(200)
+    assert db.execute("SELECT outbox_enable_subscription(%s)", (down_id,)).fetchone()[0] is True
+    assert db.execute("SELECT outbox_enable_subscription(%s)", (down_id,)).fetchone()[0] is False
+    eventually(lambda: done(db) == 21, timeout=20, what="all 21 messages DONE")
+    delivered = {r["headers"]["webhook-id"] for r in down.requests if r["status"] == 200}
+    assert len(delivered) == 21
+    assert db.execute("SELECT disabled_endpoints, parked_deliveries FROM outbox_stats() WHERE topic IS NULL").fetchone() == (0, 0)
+
+
+def test_disabling_by_hand_parks_and_enabling_resumes(worker, receivers):
+    db = worker
+    receiver = receivers()
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,)).fetchone()[0]
+    assert db.execute("SELECT outbox_disable_subscription(%s, 'receiver migrating')", (subscription,)).fetchone()[0] is True
+    assert db.execute("SELECT outbox_disable_subscription(%s)", (subscription,)).fetchone()[0] is False
+    assert db.execute("SELECT disabled_reason FROM outbox_subscriptions").fetchone()[0] == "receiver migrating"
+    enqueue_many(db, 5)
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_delivery WHERE status = 'PENDING'").fetchone()[0] == 5,
+               what="parked deliveries")
+    time.sleep(1)
+    assert receiver.requests == []
+    db.execute("SELECT outbox_enable_subscription(%s)", (subscription,))
+    receiver.wait_for(5)
+    eventually(lambda: done(db) == 5)
+
+
+@pytest.mark.parametrize(
+    "call, sqlstate, named",
+    [
+        ("SELECT outbox_enable_subscription(NULL)", "22004", "outbox_enable_subscription: id must not be NULL"),
+        ("SELECT outbox_enable_subscription(999)", "22023", "outbox_enable_subscription: id 999 is not a subscription"),
+        ("SELECT outbox_disable_subscription(999)", "22023", "outbox_disable_subscription: id 999"),
+        ("SELECT outbox_rotate_secret(999)", "22023", "outbox_rotate_secret: subscription_id 999"),
+        ("SELECT outbox_rotate_secret(1, overlap => '-1 hour')", "22023", "overlap"),
+        ("SELECT outbox_rotate_secret(1, overlap => NULL)", "22004", "overlap"),
+        ("SELECT outbox_rotate_secret(1, 'not-a-secret')", "22023", "outbox_rotate_secret: new_secret"),
+        ("SELECT outbox_subscribe('booking.created', 'https://x.example/', rate_limit => 0)", "22023", "rate_limit"),
+        ("SELECT outbox_subscribe('booking.created', 'https://x.example/', rate_limit => -5)", "22023", "rate_limit"),
+        ("SELECT outbox_subscribe('booking.created', 'https://x.example/', rate_limit => 'NaN')", "22023", "rate_limit"),
+        ("SELECT outbox_subscribe('booking.created', 'https://x.example/', max_in_flight => 0)", "22023", "max_in_flight"),
+    ],
+)
+def test_bad_endpoint_arguments_are_refused_naming_the_function_and_argument(db, call, sqlstate, named):
+    db.execute("SELECT outbox_subscribe('audit.exported', 'https://hooks.example.test/', outbox_generate_secret())")  # id 1
+    with pytest.raises(psycopg.Error) as error:
+        db.execute(call)
+    assert error.value.sqlstate == sqlstate
+    assert named in error.value.diag.message_primary
+    assert db.execute("SELECT count(*) FROM outbox_subscription").fetchone()[0] == 1
+
+
+def test_a_bad_network_in_the_setting_is_refused(db):
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        for bad in ("example.com", "10.0.0.0/33", "10.0.0.0/8,,nonsense"):
+            with pytest.raises(psycopg.errors.InvalidParameterValue) as error:
+                admin.execute(f"ALTER SYSTEM SET outbox.allowed_networks = '{bad}'")
+            assert "outbox.allowed_networks" in error.value.diag.message_primary
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            admin.execute("ALTER SYSTEM SET outbox.endpoint_disable_after = 'soon'")
+
+
+# -- 2. rate limits ----------------------------------------------------------------------------
+
+
+def test_a_rate_limit_holds_at_the_receiver_while_another_endpoint_runs_at_full_speed(worker, receivers):
+    db = worker
+    limited, free = receivers(), receivers()
+    db.execute("SELECT outbox_subscribe('booking.created', %s, rate_limit => 50)", (limited.url,))
+    db.execute("SELECT outbox_subscribe('booking.created', %s)", (free.url,))
+    enqueue_many(db, 250)
+    free.wait_for(250, timeout=30)
+    free_span = free.requests[-1]["arrived_at"] - free.requests[0]["arrived_at"]
+    limited.wait_for(250, timeout=30)
+    arrivals = sorted(r["arrived_at"] for r in limited.requests)
+    rate = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    assert 40 <= rate <= 60, f"{rate:.1f} requests/s under a limit of 50/s"
+    assert free_span < (arrivals[-1] - arrivals[0]) / 2, "the endpoint without a limit was held back"
+
+
+def test_max_in_flight_caps_one_endpoint(worker, receivers):
+    db = worker
+    slow = receivers()
+    slow.answer_by_default(200, delay=0.2)
+    db.execute("SELECT outbox_subscribe('booking.created', %s, max_in_flight => 2)", (slow.url,))
+    enqueue_many(db, 12)
+    slow.wait_for(12, timeout=20)
+    assert slow.max_concurrent == 2
+
+
+# -- 3. secret rotation ------------------------------------------------------------------------
+
+
+def test_a_rotated_secret_signs_beside_the_old_one_during_the_overlap_then_alone(worker, receivers):
+    db = worker
+    receiver = receivers()
+    old = db.execute("SELECT outbox_generate_secret()").fetchone()[0]
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', %s, %s)", (receiver.url, old)).fetchone()[0]
+    new = db.execute("SELECT outbox_rotate_secret(%s)", (subscription,)).fetchone()[0]  # generated, 24 h overlap
+    assert new.startswith("whsec_") and new != old
+    assert db.execute("SELECT previous_secret_until > now() + interval '23 hours' FROM outbox_subscriptions").fetchone()[0]
+    enqueue_many(db, 1)
+    (request,) = receiver.wait_for(1)
+    assert len(request["headers"]["webhook-signature"].split(" ")) == 2
+    for secret in (old, new):  # a receiver holding either secret verifies it
+        assert Webhook(secret).verify(request["body"], request["headers"]) == {"n": 1}
+
+    newest = db.execute("SELECT outbox_generate_secret()").fetchone()[0]
+    assert db.execute("SELECT outbox_rotate_secret(%s, %s, overlap => '0')", (subscription, newest)).fetchone()[0] == newest
+    time.sleep(0.5)  # the worker reads the subscription again when woken
+    enqueue_many(db, 1)
+    request = receiver.wait_for(2)[1]
+    assert Webhook(newest).verify(request["body"], request["headers"]) == {"n": 1}
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new).verify(request["body"], request["headers"])
+
+
+# -- 4. the SSRF guard -------------------------------------------------------------------------
+
+
+def test_internal_destinations_are_refused_by_default_and_opened_by_the_setting(worker, receivers):
+    db = worker
+    configure({"outbox.allowed_networks": ""})
+    receiver = receivers()
+    notices = []
+    db.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+    metadata = db.execute("SELECT outbox_subscribe('cloud.probe', 'http://169.254.169.254/latest/meta-data')").fetchone()[0]
+    assert any("destination 169.254.169.254 is not allowed (outbox.allowed_networks)" in n for n in notices), notices
+    # A host name that resolves to loopback: judged by the address it resolves to.
+    assert socket.gethostbyname("localhost") == "127.0.0.1"
+    local_url = f"http://localhost:{receiver.port}/hooks"
+    local = db.execute("SELECT outbox_subscribe('booking.created', %s)", (local_url,)).fetchone()[0]
+    enqueue_many(db, 1, "cloud.probe")
+    enqueue_many(db, 1, "booking.created")
+
+    def last_error(subscription):
+        return db.execute("SELECT last_error FROM outbox_delivery WHERE subscription_id = %s", (subscription,)).fetchone()
+
+    eventually(lambda: (last_error(metadata) or [None])[0], what="the metadata delivery to fail")
+    assert last_error(metadata)[0] == "destination 169.254.169.254 is not allowed (outbox.allowed_networks)"
+    eventually(lambda: (last_error(local) or [None])[0], what="the localhost delivery to fail")
+    assert "is not allowed (outbox.allowed_networks)" in last_error(local)[0]
+    assert receiver.requests == []
+    # The attempts count like any failure.
+    assert db.execute("SELECT min(attempts) FROM outbox_delivery").fetchone()[0] >= 1
+
+    configure({"outbox.allowed_networks": "127.0.0.1/32, 169.254.169.254/32"})
+    receiver.wait_for(1, timeout=10)
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE topic = 'booking.created'").fetchone()[0] == "DONE")
+    # Allowed, the metadata address is tried for real (nothing answers there in this sandbox).
+    eventually(lambda: "not allowed" not in (last_error(metadata)[0] or "not allowed"), timeout=15,
+               what="the metadata address to be tried")
+
+    # No notice for a public host, nor for an address the setting opens.
+    notices.clear()
+    db.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.com/')")
+    with psycopg.connect(dbname="outbox_integration", autocommit=True) as fresh:  # sees the reloaded setting
+        fresh.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+        fresh.execute("SELECT outbox_subscribe('booking.created', 'http://127.0.0.1:9/')")
+    assert notices == []
+
+
+# -- 5. per-message headers --------------------------------------------------------------------
+
+
+def test_a_producers_headers_travel_with_the_message_to_consumers_and_endpoints(worker, receivers):
+    db = worker
+    receiver = receivers()
+    headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x-tenant": "7"}
+    db.execute("SELECT outbox_enqueue('audit.exported', '{}', headers => %s::jsonb)", (json.dumps(headers),))
+    assert db.execute("SELECT headers FROM outbox_claim(1)").fetchone()[0] == headers
+    db.execute("SELECT outbox_subscribe('booking.created', %s, headers => '{\"x-tenant\": \"admin-set\"}')", (receiver.url,))
+    enqueue_many(db, 1, headers=headers)
+    (request,) = receiver.wait_for(1)
+    assert request["headers"]["traceparent"] == headers["traceparent"]
+    # The subscription's own header wins over a producer's of the same name.
+    assert request["headers"]["x-tenant"] == "admin-set"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"webhook-signature": "v1,forged"},
+        {"Content-Type": "text/plain"},
+        {f"x-h{i}": "v" for i in range(17)},
+        {"x-big": "v" * 9000},
+        {"x-nested": {"a": 1}},
+    ],
+    ids=["signature", "content-type", "too-many", "too-big", "not-a-string"],
+)
+def test_headers_the_worker_sets_or_too_many_are_refused(db, headers):
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as error:
+        db.execute("SELECT outbox_enqueue('booking.created', '{}', headers => %s::jsonb)", (json.dumps(headers),))
+    assert "outbox_enqueue" in error.value.diag.message_primary and "headers" in error.value.diag.message_primary
+    assert db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0
