@@ -93,7 +93,6 @@ mod tests {
         }
     }
 
-    #[test]
     fn loopback() -> AllowedNetworks {
         Arc::new(RwLock::new(destination::parse_allowed_networks("127.0.0.0/8").unwrap()))
     }
