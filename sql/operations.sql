@@ -112,6 +112,30 @@ $$;
 COMMENT ON FUNCTION outbox_stats() IS
 'Queue depth, ready, in flight, retrying and dead counts, the age of the oldest ready and pending messages, the last minute''s completions, dead deliveries and the age of the oldest message not yet delivered to every endpoint, the ordering keys held back and the age of the oldest message waiting behind its key, the disabled endpoints and their parked deliveries, per topic and in total (topic NULL).';
 
+-- The depth a consumer needs to scale itself: ready messages of its topics (or of all), counted
+-- through outbox_ready_idx (the cost of the ready work, not of the history). For consumers and
+-- monitoring roles, who may not read the table.
+CREATE OR REPLACE FUNCTION outbox_depth(topics text[] DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF array_position(outbox_depth.topics, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox_depth: topics must not contain NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN (SELECT count(*)
+              FROM @extschema@.outbox o
+             WHERE o.status = 'PENDING'::@extschema@.outbox_status
+               AND o.waiting_for IS NULL
+               AND o.available_at <= clock_timestamp()
+               AND (outbox_depth.topics IS NULL OR o.topic::text = ANY (outbox_depth.topics)));
+END
+$$;
+
+COMMENT ON FUNCTION outbox_depth(text[]) IS
+'Ready messages (PENDING, due, not waiting behind an ordering key or for deliveries) of the given topics, or of all: what a consumer has to do now.';
+
 -- For monitoring roles and exporters: SELECT * FROM outbox_monitoring.
 CREATE OR REPLACE VIEW outbox_monitoring AS SELECT * FROM outbox_stats();
 

@@ -71,6 +71,7 @@ GRANT EXECUTE ON FUNCTION
 TO outbox_producer;
 
 GRANT EXECUTE ON FUNCTION
+    outbox_depth(text[]),
     outbox_claim(integer, text[], interval),
     outbox_complete(bigint, uuid),
     outbox_complete_batch(bigint[], uuid[]),
@@ -101,7 +102,7 @@ GRANT SELECT ON outbox, outbox_monitoring, outbox_dead_letters, outbox_subscript
                 outbox_delivery, outbox_delivery_attempt, outbox_deliveries, outbox_delivery_attempts
    TO outbox_admin;
 
-GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_endpoint_stats(), outbox_worker_status() TO pg_monitor;
+GRANT EXECUTE ON FUNCTION outbox_stats(), outbox_endpoint_stats(), outbox_worker_status(), outbox_depth(text[]) TO pg_monitor;
 GRANT SELECT ON outbox_monitoring TO pg_monitor;
 
 -- The delivery worker (src/worker): it picks messages up and makes their deliveries, leases

@@ -194,3 +194,18 @@ def test_the_exporter_queries_run_for_a_monitoring_role(db):
                 assert rows["invoice.paid"]["dead"] == 1
     finally:
         db.execute("DROP ROLE exporter")
+
+
+def test_depth_counts_what_a_consumer_can_take_now(db):
+    enqueue_many(db, 3, "booking.created")
+    enqueue_many(db, 2, "invoice.paid")
+    db.execute("SELECT outbox_enqueue('booking.created', '{}', delay => '1 hour')")  # not due
+    db.execute("SELECT outbox_enqueue('invoice.paid', '{}', ordering_key => 'k')")
+    db.execute("SELECT outbox_enqueue('invoice.paid', '{}', ordering_key => 'k')")  # waits behind the first
+    make_dead(db, "booking.created")
+    assert db.execute("SELECT outbox_depth(ARRAY['booking.created'])").fetchone()[0] == 3
+    assert db.execute("SELECT outbox_depth(ARRAY['booking.created', 'invoice.paid'])").fetchone()[0] == 6
+    assert db.execute("SELECT outbox_depth()").fetchone()[0] == 6
+    assert db.execute("SELECT outbox_depth(ARRAY[]::text[])").fetchone()[0] == 0
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="outbox_depth: topics must not contain NULL"):
+        db.execute("SELECT outbox_depth(ARRAY['booking.created', NULL])")

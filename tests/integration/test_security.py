@@ -47,6 +47,7 @@ ABILITIES = [
     ("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', rate_limit => 5, max_in_flight => 1)", {"app_admin"}),
     ("SELECT id FROM outbox_enqueue('booking.created', '{}', headers => '{\"x-tenant\": \"7\"}')", {"app_producer", "app_admin"}),
     ("SELECT * FROM outbox_topics()", set(ROLES)),
+    ("SELECT outbox_depth(ARRAY['booking.created'])", {"app_consumer", "app_admin", "app_monitor"}),
 ]
 
 
