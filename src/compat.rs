@@ -7,4 +7,3 @@
 pub const BGWORKER_CONNECT_FLAGS: u32 = 0;
 #[cfg(not(any(feature = "pg15", feature = "pg16")))]
 pub const BGWORKER_CONNECT_FLAGS: u32 = pgrx::pg_sys::BGWORKER_BYPASS_ROLELOGINCHECK;
-

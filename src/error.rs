@@ -13,6 +13,31 @@ use std::borrow::Cow;
 /// A function's or an argument's name: usually a literal, sometimes passed in from SQL.
 pub type Name = Cow<'static, str>;
 
+/// What is wrong with a value, in words that complete "<function>: <argument> …" (checks that
+/// know no function, such as a URL's or a setting's, return it; the caller makes it an
+/// [`OutboxError::InvalidArgument`], or a setting's DETAIL).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Problem(pub String);
+
+impl From<&str> for Problem {
+    fn from(text: &str) -> Self {
+        Problem(text.to_string())
+    }
+}
+
+impl From<String> for Problem {
+    fn from(text: String) -> Self {
+        Problem(text)
+    }
+}
+
+impl From<Problem> for String {
+    fn from(problem: Problem) -> Self {
+        problem.0
+    }
+}
+
 /// What went wrong, with the function and the argument it concerns.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OutboxError {
@@ -74,9 +99,7 @@ impl OutboxError {
     /// The SQLSTATE of this kind of error, as PostgreSQL's code and as text.
     fn sqlstate(&self) -> (PgSqlErrorCode, &'static str) {
         match self {
-            OutboxError::NullArgument { .. } | OutboxError::NullElement { .. } => {
-                (PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "22004")
-            }
+            OutboxError::NullArgument { .. } | OutboxError::NullElement { .. } => (PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "22004"),
             OutboxError::InvalidArgument { .. } => (PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "22023"),
             OutboxError::TooLong { .. } => (PgSqlErrorCode::ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "22001"),
             OutboxError::WrongVersion { .. } => (PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "55000"),

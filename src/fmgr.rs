@@ -99,11 +99,17 @@ impl Args {
             let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
             let dimensions = (*array).ndim;
             let (mut elements, mut nulls, mut count) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
-            pg_sys::deconstruct_array(array, pg_sys::TEXTOID, -1, false, pg_sys::TYPALIGN_INT as std::ffi::c_char,
-                                      &mut elements, &mut nulls, &mut count);
-            let values = (0..count as usize)
-                .map(|i| (!*nulls.add(i)).then(|| text::from_datum(*elements.add(i))))
-                .collect();
+            pg_sys::deconstruct_array(
+                array,
+                pg_sys::TEXTOID,
+                -1,
+                false,
+                pg_sys::TYPALIGN_INT as std::ffi::c_char,
+                &mut elements,
+                &mut nulls,
+                &mut count,
+            );
+            let values = (0..count as usize).map(|i| (!*nulls.add(i)).then(|| text::from_datum(*elements.add(i)))).collect();
             Some((values, dimensions))
         }
     }

@@ -41,8 +41,7 @@ pub fn from_duration(value: Duration) -> Interval {
 pub fn shown(datum: pg_sys::Datum) -> String {
     // SAFETY: `datum` is an interval; interval_out returns a palloc'd C string.
     unsafe {
-        let text = pgrx::direct_function_call::<pg_sys::Datum>(pg_sys::interval_out, &[Some(datum)])
-            .expect("interval_out returns text");
+        let text = pgrx::direct_function_call::<pg_sys::Datum>(pg_sys::interval_out, &[Some(datum)]).expect("interval_out returns text");
         CStr::from_ptr(text.cast_mut_ptr()).to_string_lossy().into_owned()
     }
 }

@@ -14,10 +14,10 @@
 
 use pgrx::prelude::*;
 
+mod backend;
 mod claim;
 mod compat;
 mod complete;
-mod webhook;
 mod enqueue;
 mod error;
 mod fail;
@@ -31,6 +31,7 @@ mod spi;
 mod subscriptions;
 mod text;
 mod topic;
+mod webhook;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);

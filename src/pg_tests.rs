@@ -16,9 +16,7 @@ mod tests {
 
     /// Seconds between the message's available_at and the clock.
     fn seconds_until_ready(id: i64) -> f64 {
-        one(&format!(
-            "SELECT extract(epoch FROM available_at - clock_timestamp())::float8 FROM outbox WHERE id = {id}"
-        ))
+        one(&format!("SELECT extract(epoch FROM available_at - clock_timestamp())::float8 FROM outbox WHERE id = {id}"))
     }
 
     fn make_ready(id: i64) {
@@ -97,10 +95,8 @@ mod tests {
         run("SELECT outbox_enqueue('a.happened', '{}') FROM generate_series(1, 3)");
         run("CREATE TEMP TABLE c AS SELECT id, lease_token FROM outbox_claim(3)");
         // One stale token among three.
-        let completed: i32 = one(
-            "SELECT outbox_complete(array_agg(id ORDER BY id), \
-               array_agg(CASE WHEN id = (SELECT min(id) FROM c) THEN gen_random_uuid() ELSE lease_token END ORDER BY id)) FROM c",
-        );
+        let completed: i32 = one("SELECT outbox_complete(array_agg(id ORDER BY id), \
+               array_agg(CASE WHEN id = (SELECT min(id) FROM c) THEN gen_random_uuid() ELSE lease_token END ORDER BY id)) FROM c");
         assert_eq!(completed, 2);
         assert_eq!(one::<i64>("SELECT count(*) FROM outbox WHERE status = 'DONE'"), 2);
     }
@@ -226,10 +222,9 @@ mod tests {
         run("SET outbox.max_attempts = 2");
         let id: i64 = one("SELECT (outbox_enqueue('booking.created', '{}')).id");
         let before: String = one(&format!("SELECT row_to_json(o)::text FROM outbox o WHERE id = {id}"));
-        let (claimed, token_is_null): (i64, bool) =
-            Spi::get_two("SELECT id, lease_token IS NULL FROM outbox_claim(10, lease => NULL)")
-                .map(|(a, b)| (a.unwrap(), b.unwrap()))
-                .unwrap();
+        let (claimed, token_is_null): (i64, bool) = Spi::get_two("SELECT id, lease_token IS NULL FROM outbox_claim(10, lease => NULL)")
+            .map(|(a, b)| (a.unwrap(), b.unwrap()))
+            .unwrap();
         assert_eq!(claimed, id);
         assert!(token_is_null);
         let after: String = one(&format!("SELECT row_to_json(o)::text FROM outbox o WHERE id = {id}"));

@@ -123,11 +123,8 @@ mod unit_tests {
         let policy = essay_retry_policy();
         let schedule: Vec<AfterFailure> = (1..=8).map(|attempts| policy.after_failure(attempts, None, 0.5)).collect();
         let seconds: Vec<u64> = (1..=7).map(|a| 1u64 << a).collect();
-        let expected: Vec<AfterFailure> = seconds
-            .iter()
-            .map(|&s| AfterFailure::RetryIn(Duration::from_secs(s)))
-            .chain([AfterFailure::Dead])
-            .collect();
+        let expected: Vec<AfterFailure> =
+            seconds.iter().map(|&s| AfterFailure::RetryIn(Duration::from_secs(s))).chain([AfterFailure::Dead]).collect();
         assert_eq!(schedule, expected);
         assert_eq!(policy.after_failure(9, None, 0.0), AfterFailure::Dead);
     }
@@ -158,11 +155,7 @@ mod unit_tests {
     }
 
     fn essay_policy(jitter: f64) -> BackoffPolicy {
-        BackoffPolicy {
-            base: Duration::from_secs(2),
-            max: Duration::from_secs(256),
-            jitter,
-        }
+        BackoffPolicy { base: Duration::from_secs(2), max: Duration::from_secs(256), jitter }
     }
 
     #[test]
@@ -210,11 +203,7 @@ mod unit_tests {
 
     #[test]
     fn sub_second_bases_work() {
-        let policy = BackoffPolicy {
-            base: Duration::from_millis(250),
-            max: Duration::from_secs(1),
-            jitter: 0.0,
-        };
+        let policy = BackoffPolicy { base: Duration::from_millis(250), max: Duration::from_secs(1), jitter: 0.0 };
         let schedule: Vec<u128> = (1..=4).map(|a| policy.exact_delay(a).as_millis()).collect();
         assert_eq!(schedule, vec![250, 500, 1000, 1000]);
     }
@@ -228,7 +217,11 @@ mod unit_tests {
 crate::fmgr::sql_function!(outbox_backoff_wrapper, pg_finfo_outbox_backoff_wrapper, |args| {
     let attempts = crate::fmgr::required(args.get::<i32>(0), "outbox_backoff", "attempts");
     let Ok(attempts) = u32::try_from(attempts) else {
-        crate::error::raise(crate::error::OutboxError::invalid("outbox_backoff", "attempts", format!("must not be negative, got {attempts}")));
+        crate::error::raise(crate::error::OutboxError::invalid(
+            "outbox_backoff",
+            "attempts",
+            format!("must not be negative, got {attempts}"),
+        ));
     };
     let delay = crate::settings::retry_policy().backoff.delay(attempts, fastrand::f64());
     pgrx::datum::IntoDatum::into_datum(crate::interval::from_duration(delay)).expect("an interval")

@@ -2,6 +2,7 @@
 //! (`ALTER ROLE … SET`), per database (`ALTER DATABASE … SET`) or server-wide. The delivery
 //! worker's are `SIGHUP`: a reload applies them. docs/settings.md has the table.
 
+use crate::error::Problem;
 use crate::policy::{BackoffPolicy, RetryPolicy};
 use crate::webhook::destination::{self, Network};
 use pgrx::{pg_guard, pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
@@ -203,48 +204,60 @@ pub fn worker_databases() -> Option<Vec<String>> {
     Some(names)
 }
 
-/// A string setting's new value in a check hook ("" when NULL).
+/// A string setting's check hook: `check` judges the new value; a refusal's reason becomes
+/// the error's DETAIL (PostgreSQL reports SQLSTATE 22023, naming the setting).
 ///
 /// # Safety
 /// `newval` is the pointer PostgreSQL passes a string check hook.
-unsafe fn checked_value<'a>(newval: *mut *mut c_char) -> std::borrow::Cow<'a, str> {
-    // SAFETY: as the caller promises; the string lives while the hook runs.
-    unsafe { if (*newval).is_null() { "".into() } else { CStr::from_ptr(*newval).to_string_lossy() } }
-}
-
-/// Rejects a value in a check hook, with `why` as the error's detail.
-fn reject(why: &str) -> bool {
-    let detail = CString::new(why.replace('\0', "")).unwrap_or_default();
-    // SAFETY: GUC_check_errdetail_string takes a palloc'd string, as GUC_check_errdetail does.
-    unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
-    false
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn check_allowed_networks(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook.
-    match destination::parse_allowed_networks(&unsafe { checked_value(newval) }) {
-        Ok(_) => true,
-        Err(why) => reject(&why),
+unsafe fn check_string_setting(newval: *mut *mut c_char, check: impl Fn(&str) -> Result<(), Problem>) -> bool {
+    // SAFETY: as the caller promises, `*newval` is NULL or a string that lives while the hook
+    // runs; GUC_check_errdetail_string takes a palloc'd string, as GUC_check_errdetail does.
+    unsafe {
+        let value = if (*newval).is_null() { "".into() } else { CStr::from_ptr(*newval).to_string_lossy() };
+        match check(&value) {
+            Ok(()) => true,
+            Err(why) => {
+                let detail = CString::new(why.0.replace('\0', "")).unwrap_or_default();
+                pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
+                false
+            }
+        }
     }
 }
 
 #[pg_guard]
-unsafe extern "C-unwind" fn check_endpoint_disable_after(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+unsafe extern "C-unwind" fn check_allowed_networks(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
     // SAFETY: called by PostgreSQL as a string check hook.
-    match parse_duration(&unsafe { checked_value(newval) }) {
-        Ok(_) => true,
-        Err(why) => reject(&why),
-    }
+    unsafe { check_string_setting(newval, |value| destination::parse_allowed_networks(value).map(drop)) }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_endpoint_disable_after(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: called by PostgreSQL as a string check hook.
+    unsafe { check_string_setting(newval, |value| parse_duration(value).map(drop)) }
 }
 
 /// The networks `outbox.allowed_networks` opens (read by name: in a session whose library was
 /// not preloaded, the setting is only a placeholder).
 pub fn allowed_networks() -> Vec<Network> {
-    // SAFETY: reads a setting by name; missing_ok.
-    let raw = unsafe { pg_sys::GetConfigOption(c"outbox.allowed_networks".as_ptr(), true, false) };
-    // SAFETY: a setting's value is a NUL-terminated string that lives until the next change.
-    let value = if raw.is_null() { String::new() } else { unsafe { CStr::from_ptr(raw) }.to_string_lossy().into_owned() };
+    // SAFETY: reads a setting by name (missing_ok); its value is NULL or a NUL-terminated
+    // string that lives until the setting changes, and is copied at once.
+    let value = unsafe {
+        let raw = pg_sys::GetConfigOption(c"outbox.allowed_networks".as_ptr(), true, false);
+        if raw.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(raw).to_string_lossy().into_owned()
+        }
+    };
     destination::parse_allowed_networks(&value).unwrap_or_default()
 }
 
@@ -255,12 +268,12 @@ pub fn endpoint_disable_after() -> Option<Duration> {
 }
 
 /// A duration setting: "5 days", "12h", "1 hour 30 min", "90" (seconds); "0" is `None`.
-pub fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
+pub fn parse_duration(text: &str) -> Result<Option<Duration>, Problem> {
     let bad = || format!("\"{}\" is not a duration such as '5 days', '12h' or '30s'", text.trim());
     let mut total = 0f64;
     let mut rest = text.trim();
     if rest.is_empty() {
-        return Err(bad());
+        return Err(bad().into());
     }
     while !rest.is_empty() {
         let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
@@ -275,7 +288,7 @@ pub fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
             "h" | "hour" | "hours" => 3600.0,
             "d" | "day" | "days" => 86_400.0,
             "w" | "week" | "weeks" => 604_800.0,
-            _ => return Err(bad()),
+            _ => return Err(bad().into()),
         };
         total += number * seconds;
         rest = rest[unit_end..].trim_start();
@@ -285,7 +298,7 @@ pub fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
     } else if total.is_finite() && total < 1e10 {
         Ok(Some(Duration::from_secs_f64(total)))
     } else {
-        Err(bad())
+        Err(bad().into())
     }
 }
 

@@ -179,8 +179,7 @@ impl Spi {
         let plan = KeptPlan::for_statement(statement, schema);
         let started = std::time::Instant::now();
         let values: Vec<pg_sys::Datum> = arguments.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
-        let nulls: Vec<std::ffi::c_char> =
-            arguments.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+        let nulls: Vec<std::ffi::c_char> = arguments.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
         // SAFETY: connected; the plan is kept; values and nulls match the plan's parameters.
         unsafe {
             let result = pg_sys::SPI_execute_plan(plan.plan, values.as_ptr() as *mut _, nulls.as_ptr(), false, 0);
@@ -251,8 +250,16 @@ impl Rows<'_> {
         unsafe {
             let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
             let (mut elements, mut nulls, mut count) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
-            pg_sys::deconstruct_array(array, pg_sys::TEXTOID, -1, false, pg_sys::TYPALIGN_INT as std::ffi::c_char,
-                                      &mut elements, &mut nulls, &mut count);
+            pg_sys::deconstruct_array(
+                array,
+                pg_sys::TEXTOID,
+                -1,
+                false,
+                pg_sys::TYPALIGN_INT as std::ffi::c_char,
+                &mut elements,
+                &mut nulls,
+                &mut count,
+            );
             (0..count as usize).filter(|&i| !*nulls.add(i)).map(|i| crate::text::from_datum(*elements.add(i))).collect()
         }
     }

@@ -2,11 +2,11 @@
 //! table and the functions that manage it are in `sql/subscriptions.sql`; these checks are the
 //! one definition of a valid endpoint.
 
-use crate::settings;
-use crate::webhook::{self, destination};
-use crate::error::{or_raise, OutboxError};
+use crate::error::{or_raise, OutboxError, Problem};
 use crate::fmgr::{required, sql_function};
+use crate::settings;
 use crate::text;
+use crate::webhook::{self, destination};
 use pgrx::pg_sys;
 use std::ffi::CStr;
 
@@ -39,14 +39,11 @@ pub const MAX_HEADER_BYTES: usize = 8192;
 
 /// An endpoint is an absolute `http` or `https` URL with a host (and a port in 1–65535, if
 /// given) and nothing else: no credentials in it, no fragment, no whitespace, ASCII only.
-pub fn check_url(url: &str) -> Result<(), String> {
+pub fn check_url(url: &str) -> Result<(), Problem> {
     if url.len() > 2048 {
         return Err("is longer than 2048 characters".into());
     }
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"))
-        .ok_or("must be an http:// or https:// URL")?;
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")).ok_or("must be an http:// or https:// URL")?;
     if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("must not contain whitespace or control characters".into());
     }
@@ -76,7 +73,7 @@ pub fn check_url(url: &str) -> Result<(), String> {
     if let Some(port) = port {
         match port.parse::<u32>() {
             Ok(1..=65535) => {}
-            _ => return Err(format!("has port {port:?}; a port is between 1 and 65535")),
+            _ => return Err(format!("has port {port:?}; a port is between 1 and 65535").into()),
         }
     }
     url.parse::<ureq::http::Uri>().map_err(|e| format!("is not a valid URL: {e}"))?;
@@ -85,30 +82,30 @@ pub fn check_url(url: &str) -> Result<(), String> {
 
 /// Extra headers: a JSON object of at most 16 string values (8 KiB in all) with valid header
 /// names the worker does not set itself, and printable ASCII values.
-pub fn check_headers(headers: &serde_json::Value) -> Result<(), String> {
+pub fn check_headers(headers: &serde_json::Value) -> Result<(), Problem> {
     let object = headers.as_object().ok_or("must be a JSON object of header names to string values")?;
     if object.len() > MAX_HEADERS {
-        return Err(format!("has {} headers; at most {MAX_HEADERS} are allowed", object.len()));
+        return Err(format!("has {} headers; at most {MAX_HEADERS} are allowed", object.len()).into());
     }
     let mut bytes = 0;
     for (name, value) in object {
         let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
         if name.is_empty() || !name.chars().all(token) {
-            return Err(format!("has an invalid header name {name:?}"));
+            return Err(format!("has an invalid header name {name:?}").into());
         }
         if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-            return Err(format!("may not set {name:?}: the worker sets it"));
+            return Err(format!("may not set {name:?}: the worker sets it").into());
         }
         let Some(text) = value.as_str() else {
-            return Err(format!("value of {name:?} must be a string"));
+            return Err(format!("value of {name:?} must be a string").into());
         };
         if !text.chars().all(|c| c == '\t' || (' '..='~').contains(&c)) {
-            return Err(format!("value of {name:?} must be printable ASCII (RFC 9110)"));
+            return Err(format!("value of {name:?} must be printable ASCII (RFC 9110)").into());
         }
         bytes += name.len() + text.len();
     }
     if bytes > MAX_HEADER_BYTES {
-        return Err(format!("hold {bytes} bytes; at most {MAX_HEADER_BYTES} are allowed"));
+        return Err(format!("hold {bytes} bytes; at most {MAX_HEADER_BYTES} are allowed").into());
     }
     Ok(())
 }
@@ -157,7 +154,9 @@ sql_function!(outbox_check_new_secret_c, pg_finfo_outbox_check_new_secret_c, |ar
 sql_function!(outbox_check_destination_c, pg_finfo_outbox_check_destination_c, |args| {
     if let Some(address) = args.text(0).as_deref().and_then(literal_address) {
         if let Err(refused) = destination::check(address, &settings::allowed_networks()) {
-            pgrx::notice!("outbox_subscribe: {refused}: the delivery worker will not connect to it until outbox.allowed_networks includes it");
+            pgrx::notice!(
+                "outbox_subscribe: {refused}: the delivery worker will not connect to it until outbox.allowed_networks includes it"
+            );
         }
     }
     pg_sys::Datum::from(0)

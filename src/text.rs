@@ -40,8 +40,7 @@ pub fn from_server(bytes: &[u8]) -> String {
             // or a NUL-terminated palloc'd copy. A character it cannot convert raises an ERROR.
             unsafe {
                 let length = i32::try_from(bytes.len()).unwrap_or(i32::MAX);
-                let converted =
-                    pg_sys::pg_server_to_any(bytes.as_ptr().cast(), length, pg_sys::pg_enc::PG_UTF8 as i32);
+                let converted = pg_sys::pg_server_to_any(bytes.as_ptr().cast(), length, pg_sys::pg_enc::PG_UTF8 as i32);
                 if converted.cast_const() == bytes.as_ptr().cast() {
                     String::from_utf8_lossy(bytes).into_owned()
                 } else {

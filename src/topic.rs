@@ -11,7 +11,8 @@ use pgrx::datum::IntoDatum;
 /// The length of the `topic varchar(64)` column.
 pub const MAX_TOPIC_CHARS: usize = 64;
 
-const TOPIC_HINT: &str = "A topic starts with an ASCII letter or digit and continues with letters, digits, '_', '.', ':' or '-', e.g. 'booking.created'.";
+const TOPIC_HINT: &str =
+    "A topic starts with an ASCII letter or digit and continues with letters, digits, '_', '.', ':' or '-', e.g. 'booking.created'.";
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum TopicProblem {
@@ -45,11 +46,9 @@ pub fn validate(function: impl Into<Name>, argument: impl Into<Name>, topic: Opt
     match check(topic) {
         Ok(()) => Ok(()),
         Err(TopicProblem::Empty) => Err(OutboxError::invalid(function, argument, "must not be empty")),
-        Err(TopicProblem::TooLong(chars)) => Err(OutboxError::too_long(
-            function,
-            argument,
-            format!("is {chars} characters long, the limit is {MAX_TOPIC_CHARS}"),
-        )),
+        Err(TopicProblem::TooLong(chars)) => {
+            Err(OutboxError::too_long(function, argument, format!("is {chars} characters long, the limit is {MAX_TOPIC_CHARS}")))
+        }
         Err(TopicProblem::IllFormed) => {
             Err(OutboxError::invalid(function, argument, format!("{topic:?} is not a valid event name")).with_hint(TOPIC_HINT))
         }

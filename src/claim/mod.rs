@@ -51,8 +51,7 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     let policy = settings::retry_policy();
     // One reading of the clock for the whole claim: readiness is judged by it (not by the start
     // of the caller's transaction).
-    // SAFETY: GetCurrentTimestamp reads the clock.
-    let claimed_at = pg_sys::Datum::from(unsafe { pg_sys::GetCurrentTimestamp() });
+    let claimed_at = pg_sys::Datum::from(crate::backend::now());
 
     let schema = schema_of_function(args.fcinfo());
     let mut result = SetResult::begin(&args);

@@ -172,8 +172,16 @@ fn array_elements(array: pg_sys::Datum) -> Vec<pg_sys::Datum> {
     unsafe {
         let array = pg_sys::pg_detoast_datum(array.cast_mut_ptr()) as *mut pg_sys::ArrayType;
         let (mut elements, mut nulls, mut count) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
-        pg_sys::deconstruct_array(array, pg_sys::JSONBOID, -1, false, pg_sys::TYPALIGN_INT as std::ffi::c_char,
-                                  &mut elements, &mut nulls, &mut count);
+        pg_sys::deconstruct_array(
+            array,
+            pg_sys::JSONBOID,
+            -1,
+            false,
+            pg_sys::TYPALIGN_INT as std::ffi::c_char,
+            &mut elements,
+            &mut nulls,
+            &mut count,
+        );
         (0..count as usize).map(|i| *elements.add(i)).collect()
     }
 }

@@ -5,6 +5,7 @@
 //! *resolved* address the connection then uses (resolver.rs), so a host name that resolves to
 //! a refused address (DNS rebinding included) is refused too.
 
+use crate::error::Problem;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
@@ -18,9 +19,9 @@ pub struct Network {
 }
 
 impl FromStr for Network {
-    type Err = String;
+    type Err = Problem;
 
-    fn from_str(text: &str) -> Result<Self, String> {
+    fn from_str(text: &str) -> Result<Self, Problem> {
         let text = text.trim();
         let (address, prefix) = match text.split_once('/') {
             Some((address, prefix)) => (address, Some(prefix)),
@@ -32,7 +33,7 @@ impl FromStr for Network {
             None => longest,
             Some(digits) => match digits.parse::<u8>() {
                 Ok(prefix) if prefix <= longest && !digits.starts_with('+') => prefix,
-                _ => return Err(format!("\"{text}\" has a prefix length that is not 0 to {longest}")),
+                _ => return Err(format!("\"{text}\" has a prefix length that is not 0 to {longest}").into()),
             },
         };
         Ok(Network { address, prefix })
@@ -56,7 +57,7 @@ impl Network {
 }
 
 /// The value of `outbox.allowed_networks`: comma-separated networks (empty: none).
-pub fn parse_allowed_networks(list: &str) -> Result<Vec<Network>, String> {
+pub fn parse_allowed_networks(list: &str) -> Result<Vec<Network>, Problem> {
     list.split(',').filter(|item| !item.trim().is_empty()).map(str::parse).collect()
 }
 
@@ -125,8 +126,8 @@ mod tests {
         parse_allowed_networks(list).unwrap()
     }
 
-    fn verdict(address: &str, list: &str) -> Result<(), String> {
-        check(address.parse().unwrap(), &allowed(list)).map_err(|refused| refused.to_string())
+    fn verdict(address: &str, list: &str) -> Result<(), Problem> {
+        check(address.parse().unwrap(), &allowed(list)).map_err(|refused| Problem(refused.to_string()))
     }
 
     #[test]
@@ -139,16 +140,32 @@ mod tests {
     #[test]
     fn internal_addresses_are_refused_by_default() {
         for address in [
-            "127.0.0.1", "127.8.9.10", "10.1.2.3", "172.16.0.1", "172.31.255.255", "192.168.1.1", "169.254.169.254",
-            "0.0.0.0", "0.1.2.3", "224.0.0.1", "255.255.255.255", "100.64.0.1", "::1", "::", "fd00::1", "fc12::1",
-            "fe80::1", "ff02::1", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe", "::7f00:1",
+            "127.0.0.1",
+            "127.8.9.10",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "0.1.2.3",
+            "224.0.0.1",
+            "255.255.255.255",
+            "100.64.0.1",
+            "::1",
+            "::",
+            "fd00::1",
+            "fc12::1",
+            "fe80::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a9fe:a9fe",
+            "::7f00:1",
         ] {
             assert!(verdict(address, "").is_err(), "{address}");
         }
-        assert_eq!(
-            verdict("169.254.169.254", ""),
-            Err("destination 169.254.169.254 is not allowed (outbox.allowed_networks)".into())
-        );
+        assert_eq!(verdict("169.254.169.254", ""), Err("destination 169.254.169.254 is not allowed (outbox.allowed_networks)".into()));
         assert_eq!(verdict("::ffff:10.0.0.1", ""), Err("destination 10.0.0.1 is not allowed (outbox.allowed_networks)".into()));
     }
 

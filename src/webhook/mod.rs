@@ -10,11 +10,12 @@ mod resolver;
 
 pub use resolver::AllowedNetworks;
 
+use crate::error::Problem;
+use crate::policy::MAX_RETRY_AFTER;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use crate::policy::MAX_RETRY_AFTER;
 use std::io::Read;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -83,15 +84,12 @@ pub fn signatures(endpoint: &Endpoint, message_id: &str, timestamp: u64, body: &
 }
 
 /// The key inside a `whsec_<base64>` secret (Standard Webhooks' format).
-pub fn decode_secret(secret: &str) -> Result<Vec<u8>, String> {
-    let encoded = secret
-        .strip_prefix("whsec_")
-        .ok_or_else(|| "must start with \"whsec_\" (the Standard Webhooks secret format)".to_string())?;
-    let key = BASE64
-        .decode(encoded)
-        .map_err(|_| "must be \"whsec_\" followed by base64".to_string())?;
+pub fn decode_secret(secret: &str) -> Result<Vec<u8>, Problem> {
+    let encoded =
+        secret.strip_prefix("whsec_").ok_or_else(|| "must start with \"whsec_\" (the Standard Webhooks secret format)".to_string())?;
+    let key = BASE64.decode(encoded).map_err(|_| "must be \"whsec_\" followed by base64".to_string())?;
     if !(24..=64).contains(&key.len()) {
-        return Err(format!("must hold a key of 24 to 64 bytes, got {}", key.len()));
+        return Err(format!("must hold a key of 24 to 64 bytes, got {}", key.len()).into());
     }
     Ok(key)
 }
@@ -111,15 +109,8 @@ pub fn classify_status(status: u16, retry_after: Option<&str>, body_start: &str,
         return Outcome::Delivered;
     }
     let body = body_start.trim();
-    let error = if body.is_empty() {
-        format!("HTTP {status}")
-    } else {
-        format!("HTTP {status}: {body}")
-    };
-    Outcome::Failed {
-        error,
-        retry_after: retry_after.and_then(|value| parse_retry_after(value, now)),
-    }
+    let error = if body.is_empty() { format!("HTTP {status}") } else { format!("HTTP {status}: {body}") };
+    Outcome::Failed { error, retry_after: retry_after.and_then(|value| parse_retry_after(value, now)) }
 }
 
 /// `Retry-After: 120` or `Retry-After: Wed, 21 Oct 2026 07:28:00 GMT`, capped at a day.
@@ -210,11 +201,7 @@ pub fn send(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Answ
     match request.send(message.body.as_slice()) {
         Ok(mut response) => {
             let status = response.status().as_u16();
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
+            let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
             let mut body = Vec::new();
             // A body that cannot be read (or is cut off) still leaves the status to report.
             let _ = response.body_mut().as_reader().take(MAX_BODY_READ).read_to_end(&mut body);
@@ -240,12 +227,7 @@ mod unit_tests {
     fn signs_like_the_standard_webhooks_reference() {
         // The example of the Standard Webhooks specification and its reference libraries.
         let key = decode_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
-        let signature = sign(
-            &key,
-            "msg_p5jXN8AQM9LWM0D4loKWxJek",
-            1614265330,
-            br#"{"test": 2432232314}"#,
-        );
+        let signature = sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, br#"{"test": 2432232314}"#);
         assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
     }
 

@@ -80,8 +80,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], endpoin
         }
     }
     let Some(disable_after) = disable_after else { return };
-    // SAFETY: reads the clock.
-    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let now = crate::backend::now();
     let limit = i64::try_from(disable_after.as_micros()).unwrap_or(i64::MAX);
     let (ids, errors): (Vec<i64>, Vec<String>) = changes
         .still_failing
@@ -114,9 +113,9 @@ mod unit_tests {
     #[test]
     fn the_latest_answer_decides_and_only_changes_are_written() {
         let latest: BTreeMap<i64, Option<String>> = [
-            (1, None),                        // failing, now answers: recovered
-            (2, None),                        // healthy stays healthy: nothing to write
-            (3, Some("HTTP 503".to_string())), // healthy, now fails
+            (1, None),                                 // failing, now answers: recovered
+            (2, None),                                 // healthy stays healthy: nothing to write
+            (3, Some("HTTP 503".to_string())),         // healthy, now fails
             (4, Some("timeout after 5s".to_string())), // failing still
         ]
         .into();

@@ -5,10 +5,10 @@
 
 use super::endpoints::{Endpoints, LEASE_MARGIN};
 use super::record;
-use crate::{interval, ordering};
 use crate::policy::RetryPolicy;
 use crate::spi::{Spi, Statement};
 use crate::webhook::Message;
+use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::sync::Arc;
@@ -46,20 +46,28 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
     picked_up == i64::from(batch) || released_keys.is_some()
 }
 
-/// Leases up to `slots` due deliveries of endpoint `subscription_id`, within `byte_budget`
-/// bytes of payload (the first one anyway when `nothing_in_flight`: a payload larger than the
-/// budget goes alone); dead-letters those out of attempts.
+/// What an endpoint may take in one claim.
+pub struct Room {
+    /// Requests it may start.
+    pub slots: usize,
+    /// Payload bytes the worker may still hold (outbox.worker_memory).
+    pub byte_budget: i64,
+    /// No request is in flight: the first delivery goes even beyond the budget (alone).
+    pub nothing_in_flight: bool,
+}
+
+/// Leases due deliveries of endpoint `subscription_id` within `room`; dead-letters those out of
+/// attempts.
 pub fn claim_for_endpoint(
     spi: &mut Spi,
     schema: pg_sys::Oid,
     endpoints: &mut Endpoints,
     subscription_id: i64,
-    slots: usize,
-    byte_budget: i64,
-    nothing_in_flight: bool,
+    room: Room,
     policy: &RetryPolicy,
     now: pg_sys::TimestampTz,
 ) -> Vec<Claimed> {
+    let Room { slots, byte_budget, nothing_in_flight } = room;
     let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
     let locked = spi.execute(&LOCK, schema, &[subscription_id.into_datum(), Some(pg_sys::Datum::from(now)), (slots as i32).into_datum()]);
     // (message, attempts, payload bytes) of each, oldest due first.

@@ -85,7 +85,8 @@ impl Pool {
             self.latest_deadline = Some(self.latest_deadline.map_or(deadline, |d| d.max(deadline)));
             self.in_flight += 1;
             self.bytes_in_flight += delivery.message.body.len();
-            let job = Job { message_id: delivery.message_id, subscription_id: delivery.subscription_id, endpoint, message: delivery.message };
+            let job =
+                Job { message_id: delivery.message_id, subscription_id: delivery.subscription_id, endpoint, message: delivery.message };
             jobs.send(job).expect("the helper threads are running");
         }
     }
@@ -168,34 +169,27 @@ pub fn spawn_with_signals_blocked<F: FnOnce() + Send + 'static>(body: F) -> std:
 mod unit_tests {
     use super::*;
 
-    fn blocked_signals() -> libc::sigset_t {
-        // SAFETY: reads the calling thread's mask.
+    /// Whether `signal` is blocked in the calling thread.
+    fn blocked(signal: i32) -> bool {
+        // SAFETY: reads the calling thread's mask into a set of our own.
         unsafe {
             let mut current: libc::sigset_t = std::mem::zeroed();
             libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut current);
-            current
+            libc::sigismember(&current, signal) == 1
         }
     }
 
     #[test]
     fn a_helper_thread_starts_with_every_signal_blocked_and_the_parent_keeps_its_mask() {
-        let before = blocked_signals();
-        // SAFETY: sigismember on a valid set.
-        let parent_had_sigterm_blocked = unsafe { libc::sigismember(&before, libc::SIGTERM) } == 1;
+        let parent_had_sigterm_blocked = blocked(libc::SIGTERM);
         let (tell, told) = std::sync::mpsc::channel();
         spawn_with_signals_blocked(move || {
-            let mask = blocked_signals();
-            // SAFETY: sigismember on a valid set.
-            let blocked = [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGINT, libc::SIGALRM]
-                .iter()
-                .all(|&signal| unsafe { libc::sigismember(&mask, signal) } == 1);
-            tell.send(blocked).unwrap();
+            let all = [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGINT, libc::SIGALRM].into_iter().all(blocked);
+            tell.send(all).unwrap();
         })
         .join()
         .unwrap();
         assert!(told.recv().unwrap(), "the helper thread could receive a signal");
-        let after = blocked_signals();
-        // SAFETY: sigismember on a valid set.
-        assert_eq!(unsafe { libc::sigismember(&after, libc::SIGTERM) } == 1, parent_had_sigterm_blocked);
+        assert_eq!(blocked(libc::SIGTERM), parent_had_sigterm_blocked);
     }
 }

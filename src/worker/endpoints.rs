@@ -152,16 +152,11 @@ impl Endpoints {
             let rate_limit: Option<f64> = rows.get(row, 9);
             let max_in_flight = rows.get::<i32>(row, 10).map(|n| n.max(1) as usize);
             // The key before a rotation, while the overlap lasts (an undecodable one is dropped).
-            let previous_key = rows.get_text(row, 11).and_then(|secret| webhook::decode_secret(&secret).ok()).zip(
-                rows.get::<TimestampWithTimeZone>(row, 12).map(|until| system_time(until.into_inner())),
-            );
-            let endpoint = Arc::new(Endpoint {
-                url,
-                signing_key,
-                previous_key,
-                headers: super::claim::pairs(headers),
-                timeout,
-            });
+            let previous_key = rows
+                .get_text(row, 11)
+                .and_then(|secret| webhook::decode_secret(&secret).ok())
+                .zip(rows.get::<TimestampWithTimeZone>(row, 12).map(|until| system_time(until.into_inner())));
+            let endpoint = Arc::new(Endpoint { url, signing_key, previous_key, headers: super::claim::pairs(headers), timeout });
             let known = self.by_id.get(&id);
             let (in_flight, due_now, next_due) = known.map_or((0, true, None), |k| (k.in_flight, k.due_now, k.next_due));
             // The bucket carries over a reload (a new limit applies from its current level).
@@ -192,8 +187,7 @@ impl Endpoints {
         }
         let mut spi = Spi::connect();
         let rows = spi.execute(&NEXT_DUE, schema, &[pgrx::IntoDatum::into_datum(ids)]);
-        // SAFETY: reads the clock.
-        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        let now = crate::backend::now();
         for row in 0..rows.len() {
             let id: i64 = rows.get(row, 1).expect("id");
             let due: Option<TimestampWithTimeZone> = rows.get(row, 2);

@@ -35,11 +35,19 @@ unsafe fn databases_to_pause(statement: *mut pg_sys::Node) -> Vec<pg_sys::Oid> {
             pg_sys::NodeTag::T_DropdbStmt => vec![(*(statement as *mut pg_sys::DropdbStmt)).dbname],
             pg_sys::NodeTag::T_RenameStmt => {
                 let rename = statement as *mut pg_sys::RenameStmt;
-                if (*rename).renameType == pg_sys::ObjectType::OBJECT_DATABASE { vec![(*rename).subname] } else { vec![] }
+                if (*rename).renameType == pg_sys::ObjectType::OBJECT_DATABASE {
+                    vec![(*rename).subname]
+                } else {
+                    vec![]
+                }
             }
             pg_sys::NodeTag::T_AlterDatabaseStmt => {
                 let alter = statement as *mut pg_sys::AlterDatabaseStmt;
-                if option(&(*alter).options, "tablespace").is_some() { vec![(*alter).dbname] } else { vec![] }
+                if option(&(*alter).options, "tablespace").is_some() {
+                    vec![(*alter).dbname]
+                } else {
+                    vec![]
+                }
             }
             pg_sys::NodeTag::T_CreatedbStmt => {
                 let create = statement as *mut pg_sys::CreatedbStmt;
@@ -102,7 +110,9 @@ unsafe extern "C-unwind" fn process_utility(
         }
         let run = || match PREVIOUS {
             Some(previous) => previous(statement, query, read_only_tree, context, params, environment, destination, completion),
-            None => pg_sys::standard_ProcessUtility(statement, query, read_only_tree, context, params, environment, destination, completion),
+            None => {
+                pg_sys::standard_ProcessUtility(statement, query, read_only_tree, context, params, environment, destination, completion)
+            }
         };
         if paused.is_empty() {
             run();

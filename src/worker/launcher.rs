@@ -82,11 +82,9 @@ pub extern "C-unwind" fn outbox_launcher_main(_argument: pg_sys::Datum) {
     registry::attach_launcher();
     let mut databases: BTreeMap<u32, Database> = BTreeMap::new();
     let mut named_but_missing: BTreeSet<String> = BTreeSet::new();
-    // SAFETY: reads a flag set by the SIGTERM handler.
-    while unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() } == 0 {
+    while !crate::backend::shutdown_requested() {
         if BackgroundWorker::sighup_received() {
-            // SAFETY: applies a reload in this process.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            crate::backend::reload_configuration();
         }
         round(&mut databases, &mut named_but_missing);
         // Woken early by an announcement, or by the postmaster when a worker starts or stops.
@@ -125,7 +123,9 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
     if let Some(names) = &wanted_names {
         for name in names {
             if !listed.iter().any(|d| &d.name == name) && named_but_missing.insert(name.clone()) {
-                pgrx::log!("outbox_ext: outbox.worker_databases names \"{name}\", which does not exist (yet); it gets a worker once it does");
+                pgrx::log!(
+                    "outbox_ext: outbox.worker_databases names \"{name}\", which does not exist (yet); it gets a worker once it does"
+                );
             }
         }
         named_but_missing.retain(|name| !listed.iter().any(|d| &d.name == name));
@@ -219,8 +219,7 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
 
 fn start_worker(database_oid: u32, name: &str) -> Option<Running> {
     let slot = registry::reserve_slot(database_oid)?;
-    // SAFETY: reads a process global.
-    let launcher_pid = unsafe { pg_sys::MyProcPid };
+    let launcher_pid = crate::backend::process_id();
     let loaded = BackgroundWorkerBuilder::new(&format!("outbox_ext delivery worker for {name}"))
         .set_type("outbox_ext delivery worker")
         .set_library("outbox_ext")

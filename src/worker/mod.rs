@@ -23,8 +23,8 @@ mod breaker;
 mod claim;
 mod deliver;
 mod endpoints;
-mod housekeeping;
 pub mod hooks;
+mod housekeeping;
 pub mod launcher;
 mod record;
 pub mod registry;
@@ -76,10 +76,7 @@ pub extern "C-unwind" fn outbox_worker_main(argument: pg_sys::Datum) {
     unsafe { pg_sys::proc_exit(0) };
 }
 
-fn shutdown_requested() -> bool {
-    // SAFETY: reads a flag set by our SIGTERM handler.
-    unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() != 0 }
-}
+use crate::backend::shutdown_requested;
 
 fn reload_requested() -> bool {
     pgrx::bgworkers::BackgroundWorker::sighup_received()
@@ -113,7 +110,10 @@ struct Worker {
 enum Step {
     /// Not run: a step failed a moment ago (see retry_at).
     BackingOff,
-    Ran { recorded: record::Recorded, claimed: Vec<claim::Claimed> },
+    Ran {
+        recorded: record::Recorded,
+        claimed: Vec<claim::Claimed>,
+    },
     NoExtension,
     WaitingForUpdate,
 }
@@ -172,8 +172,7 @@ impl Worker {
                 self.retry_at = self.retry_at.map(|at| at.min(Instant::now() + Duration::from_secs(1)));
             }
             if reload_requested() {
-                // SAFETY: applies a reload in this process, as a SIGHUP asks.
-                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+                crate::backend::reload_configuration();
                 self.settings = settings::worker_settings();
                 *self.allowed_networks.write().unwrap_or_else(std::sync::PoisonError::into_inner) = settings::allowed_networks();
                 self.next_refresh = Instant::now();
@@ -249,8 +248,7 @@ impl Worker {
         breaker::record(&mut spi, schema, &self.finished, &mut self.endpoints, self.settings.endpoint_disable_after);
         let mut claimed = Vec::new();
         if claiming {
-            // SAFETY: reads the clock.
-            let now = unsafe { pg_sys::GetCurrentTimestamp() };
+            let now = crate::backend::now();
             if Instant::now() >= self.next_refresh {
                 self.endpoints.reload(schema, self.settings.http_timeout);
                 self.endpoints.refresh_next_due(schema);
@@ -269,9 +267,8 @@ impl Worker {
                 if budget == 0 && !nothing_in_flight {
                     break;
                 }
-                let got = claim::claim_for_endpoint(
-                    &mut spi, schema, &mut self.endpoints, subscription_id, slots, budget, nothing_in_flight, &policy, now,
-                );
+                let room = claim::Room { slots, byte_budget: budget, nothing_in_flight };
+                let got = claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, room, &policy, now);
                 budget -= got.iter().map(|c| c.message.body.len() as i64).sum::<i64>();
                 budget = budget.max(0);
                 claimed.extend(got);
@@ -317,8 +314,7 @@ impl Worker {
         };
         registry::update(self.slot, |s| {
             s.in_flight = in_flight;
-            // SAFETY: reads the clock.
-            s.last_poll_at = unsafe { pg_sys::GetCurrentTimestamp() };
+            s.last_poll_at = crate::backend::now();
             if s.state != WorkerState::WaitingForUpdate || claiming {
                 s.state = state;
             }
@@ -332,8 +328,7 @@ impl Worker {
             return at.saturating_duration_since(Instant::now()); // a step failed
         }
         let mut wait = self.next_refresh.saturating_duration_since(Instant::now());
-        // SAFETY: reads the clock.
-        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        let now = crate::backend::now();
         let max_in_flight = self.settings.max_in_flight;
         if self.pool.in_flight() < max_in_flight && !self.draining {
             if self.messages_may_be_ready {

@@ -5,11 +5,11 @@
 
 use super::deliver::Finished;
 use super::endpoints::Endpoints;
-use crate::{interval, ordering};
 use crate::policy::{self, AfterFailure, RetryPolicy};
 use crate::spi::{Spi, Statement};
 use crate::text;
 use crate::webhook::Outcome;
+use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::time::UNIX_EPOCH;
@@ -62,8 +62,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
     }
     let (mut delivered, mut retried, mut dead) = (Columns::default(), Columns::default(), Columns::default());
     let (mut waits, mut retry_errors, mut dead_errors) = (Vec::new(), Vec::new(), Vec::new());
-    // SAFETY: reads the clock.
-    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let now = crate::backend::now();
     for done in finished {
         match &done.answer.outcome {
             Outcome::Delivered => delivered.push(done),

@@ -158,10 +158,7 @@ fn set_latch(latch: usize) {
     }
 }
 
-fn now() -> pg_sys::TimestampTz {
-    // SAFETY: reads the clock.
-    unsafe { pg_sys::GetCurrentTimestamp() }
-}
+use crate::backend::now;
 
 // ---- the launcher ----------------------------------------------------------------------
 
@@ -279,7 +276,7 @@ unsafe extern "C-unwind" fn on_transaction_end(event: pg_sys::XactEvent::Type, _
             let announce = ANNOUNCE_AT_COMMIT.swap(false, Ordering::Relaxed);
             if WAKE_AT_COMMIT.swap(false, Ordering::Relaxed) {
                 // SAFETY: reads a backend global.
-                wake_workers_of(unsafe { pg_sys::MyDatabaseId }.to_u32(), announce);
+                wake_workers_of(crate::backend::database_id().to_u32(), announce);
             }
         }
         pg_sys::XactEvent::XACT_EVENT_ABORT
@@ -296,8 +293,7 @@ unsafe extern "C-unwind" fn on_transaction_end(event: pg_sys::XactEvent::Type, _
 /// the launcher about the database (it starts a worker if the database has the extension).
 fn wake_workers_of(database_oid: u32, announce: bool) {
     let registry = REGISTRY.share();
-    let workers: Vec<usize> =
-        registry.slots.iter().filter(|s| s.pid != 0 && s.database_oid == database_oid).map(|s| s.latch).collect();
+    let workers: Vec<usize> = registry.slots.iter().filter(|s| s.pid != 0 && s.database_oid == database_oid).map(|s| s.latch).collect();
     drop(registry);
     if !workers.is_empty() {
         workers.into_iter().for_each(set_latch);
@@ -358,7 +354,8 @@ pub fn pause(database_oid: u32, seconds: i64) {
     if let Some(index) = index {
         registry.paused[index] = Paused { database_oid, until };
     }
-    let running: Vec<usize> = (0..SLOTS).filter(|&i| registry.slots[i].database_oid == database_oid && registry.slots[i].pid != 0).collect();
+    let running: Vec<usize> =
+        (0..SLOTS).filter(|&i| registry.slots[i].database_oid == database_oid && registry.slots[i].pid != 0).collect();
     for &slot in &running {
         registry.slots[slot].leave_now = true;
         set_latch(registry.slots[slot].latch);

@@ -44,14 +44,15 @@ const SESSION_SETTINGS: [(&str, &str); 10] = [
 pub fn connect(database: &str) {
     let role = CString::new(WORKER_ROLE).expect("no NUL");
     let database = CString::new(database).expect("a database name has no NUL");
-    // SAFETY: called once, at the start of a background worker with database access.
+    let settings: Vec<(CString, CString)> = SESSION_SETTINGS
+        .iter()
+        .map(|(name, value)| (CString::new(*name).expect("no NUL"), CString::new(*value).expect("no NUL")))
+        .collect();
+    // SAFETY: called once, at the start of a background worker with database access; then
+    // plain GUC assignments with static values, at the session level.
     unsafe {
         pg_sys::BackgroundWorkerInitializeConnection(database.as_ptr(), role.as_ptr(), compat::BGWORKER_CONNECT_FLAGS);
-    }
-    for (name, value) in SESSION_SETTINGS {
-        let (name, value) = (CString::new(name).expect("no NUL"), CString::new(value).expect("no NUL"));
-        // SAFETY: plain GUC assignments with static values, at the session level.
-        unsafe {
+        for (name, value) in &settings {
             pg_sys::SetConfigOption(name.as_ptr(), value.as_ptr(), pg_sys::GucContext::PGC_USERSET, pg_sys::GucSource::PGC_S_SESSION);
         }
     }

@@ -25,8 +25,5 @@ pub fn wait(answers: RawFd, timeout: Duration) -> Woken {
         }
         happened
     };
-    Woken {
-        by_answer: happened & pg_sys::WL_SOCKET_READABLE as i32 != 0,
-        by_latch: happened & pg_sys::WL_LATCH_SET as i32 != 0,
-    }
+    Woken { by_answer: happened & pg_sys::WL_SOCKET_READABLE as i32 != 0, by_latch: happened & pg_sys::WL_LATCH_SET as i32 != 0 }
 }

@@ -1,0 +1,36 @@
+//! Safe access to the few facts of this PostgreSQL process that the extension reads in many
+//! places: the clock, the process's database and pid, and its signal flags. Each is sound to
+//! read at any time in a backend or background worker (they are set before any of our code
+//! runs), so the `unsafe` lives here once instead of at every caller.
+
+use pgrx::pg_sys;
+
+/// The current time (microseconds since the PostgreSQL epoch), as `clock_timestamp()` reads it.
+pub fn now() -> pg_sys::TimestampTz {
+    // SAFETY: reads the system clock; no state of ours is involved.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// The database this process is connected to (InvalidOid before it connects).
+pub fn database_id() -> pg_sys::Oid {
+    // SAFETY: a process global, written once when the process connects.
+    unsafe { pg_sys::MyDatabaseId }
+}
+
+/// This process's pid, as PostgreSQL knows it.
+pub fn process_id() -> i32 {
+    // SAFETY: a process global, written once at process start.
+    unsafe { pg_sys::MyProcPid }
+}
+
+/// Whether SIGTERM asked this background process to stop.
+pub fn shutdown_requested() -> bool {
+    // SAFETY: a flag the SIGTERM handler sets; read as volatile since a signal may set it.
+    unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() != 0 }
+}
+
+/// Applies a reload (after SIGHUP) in this process: the settings are read again.
+pub fn reload_configuration() {
+    // SAFETY: what a backend does at its next command after SIGHUP; we are between statements.
+    unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+}
