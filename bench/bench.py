@@ -454,6 +454,37 @@ def churn(cluster, s):
     return rows
 
 
+def protections(cluster, receiver, s):
+    """9. The worker delivering a backlog to nginx (8 in flight) with a subscription as
+    outbox_subscribe makes it by default, and with a rate limit and max_in_flight that never
+    bind (1,000,000/s, 8): what the token bucket and the caps cost on the default path. The SSRF
+    guard judges every connection in both (the cluster allows 127.0.0.1/32)."""
+    variants = (("default", "NULL", "NULL"), ("limits set", "1000000", "8"))
+    rates = {name: [] for name, _, _ in variants}
+    with cluster.connect() as conn:
+        cluster.configure(max_in_flight=8)
+        for round_ in range(s.drain_rounds):
+            for name, rate_limit, max_in_flight in (variants if round_ % 2 == 0 else variants[::-1]):
+                cluster.configure(worker_enabled="off")
+                conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
+                conn.execute(f"SELECT outbox_subscribe('booking.created', %s, rate_limit => {rate_limit}, "
+                             f"max_in_flight => {max_in_flight})", (receiver.url,))
+                conn.execute("INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, %s)",
+                             (PAYLOAD, s.delivery_messages))
+                conn.execute("VACUUM ANALYZE outbox")
+                cluster.configure(worker_enabled="on")
+                started = time.monotonic()
+                while done_count(conn, "outbox") < s.delivery_messages:
+                    if time.monotonic() - started > 600:
+                        raise RuntimeError("the worker did not drain the backlog in 10 minutes")
+                    time.sleep(0.05)
+                span = conn.execute("SELECT extract(epoch FROM max(processed_at) - min(processed_at)) FROM outbox").fetchone()[0]
+                rates[name].append((s.delivery_messages - 1) / float(span))
+        conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
+    mean = {name: statistics.mean(values) for name, values in rates.items()}
+    return {"default_per_s": mean["default"], "limits_per_s": mean["limits set"], "ratio": mean["limits set"] / mean["default"]}
+
+
 def ordering(cluster, s):
     """8. Ordering keys: enqueue with a key (one of 1,000) against without, 8 clients; the drain
     (4 consumers × 100, with leases) of a backlog whose messages have 1,000 keys, and one key,
@@ -584,7 +615,8 @@ def machine():
 
 
 def report(results, s, path_md, path_png):
-    e, d, f, l, w, t, c, o = (results[k] for k in ("enqueue", "drain", "flat", "long_txn", "delivery", "latency", "churn", "ordering"))
+    e, d, f, l, w, t, c, o, p = (results[k] for k in
+                                 ("enqueue", "drain", "flat", "long_txn", "delivery", "latency", "churn", "ordering", "protections"))
     cores = os.cpu_count()
     # CPU seconds per message of the cheapest drain of part 2 (SQL only, no HTTP).
     database_cpu = min(r[f"{v}_cpu_busy"] * cores / r[f"{v}_per_s"] for r in d for v in ("essay", "no_lease"))
@@ -663,6 +695,11 @@ def report(results, s, path_md, path_png):
         "|---|---|---|",
         *[f"| {r['keys']} | {r['per_s']:.0f} | **{r['ratio']:.2f}** |" for r in o["drain"]],
         "",
+        "## 9. Endpoint protections on the default path (worker to nginx, 8 in flight)",
+        "",
+        f"Default subscription {p['default_per_s']:.0f} deliveries/s; with a rate limit and max_in_flight that never bind "
+        f"{p['limits_per_s']:.0f}/s: **{p['ratio']:.2f}** (goal: within 5%). The SSRF guard judges every connection in both.",
+        "",
     ]
     path_md.write_text("\n".join(lines))
 
@@ -712,7 +749,7 @@ def main():
     parser.add_argument("--port", type=int, default=25390)
     parser.add_argument("--receiver-port", type=int, default=25391)
     parser.add_argument("--output", type=pathlib.Path, default=BENCH / "results")
-    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering)")
+    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections)")
     args = parser.parse_args()
     s = Settings(args.smoke)
     cluster, receiver = Cluster(args.port), Nginx(args.receiver_port)
@@ -726,6 +763,7 @@ def main():
         ("latency", lambda: latency(cluster, receiver, s)),
         ("churn", lambda: churn(cluster, s)),
         ("ordering", lambda: ordering(cluster, s)),
+        ("protections", lambda: protections(cluster, receiver, s)),
     ]
     try:
         cluster.start()
