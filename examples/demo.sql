@@ -72,5 +72,12 @@ BEGIN
     END LOOP;
 END
 $$;
-SELECT id, topic, status, attempts, last_error FROM outbox WHERE payload->>'guestEmail' = 'grace@example.test';
-SELECT database, state, delivered, failed FROM outbox_worker_status();
+SELECT id, topic, status FROM outbox WHERE payload->>'guestEmail' = 'grace@example.test';
+-- Its delivery to the endpoint, and every request the worker made for it.
+SELECT d.url, d.status, d.attempts, d.delivered_at IS NOT NULL AS delivered
+  FROM outbox_deliveries d JOIN outbox o ON o.id = d.message_id
+ WHERE o.payload->>'guestEmail' = 'grace@example.test';
+SELECT a.attempt, a.http_status, a.error
+  FROM outbox_delivery_attempts a JOIN outbox o ON o.id = a.message_id
+ WHERE o.payload->>'guestEmail' = 'grace@example.test' ORDER BY a.attempt;
+SELECT database, state, delivered, failed FROM outbox_worker_status() WHERE database = current_database();
