@@ -121,13 +121,18 @@ pub struct Endpoints {
     /// Where the next sharing of the slots starts, so that when slots are scarce every endpoint
     /// gets its turn.
     turn: std::cell::Cell<usize>,
+    /// The subscriptions were read at least once.
+    loaded: bool,
 }
 
 impl Endpoints {
     /// Reads the subscriptions (in a transaction), keeping what is known of the ones that
     /// stay. A subscription whose secret does not decode is skipped (its messages wait) rather
-    /// than sent unsigned.
-    pub fn reload(&mut self, schema: pg_sys::Oid, http_timeout: Duration) {
+    /// than sent unsigned. Returns whether subscriptions may have gone away since the last
+    /// reload (always so at the first: the worker may have been away).
+    pub fn reload(&mut self, schema: pg_sys::Oid, http_timeout: Duration) -> bool {
+        let first = !self.loaded;
+        self.loaded = true;
         let mut spi = Spi::connect();
         let rows = spi.execute(&LOAD_ENDPOINTS, schema, &[]);
         let mut fresh = BTreeMap::new();
@@ -171,12 +176,19 @@ impl Endpoints {
         }
         spi.finish();
         // Requests in flight to a subscription that went away still come back and are recorded.
+        let mut some_went_away = first;
         for (id, gone) in std::mem::take(&mut self.by_id) {
-            if gone.in_flight > 0 && !fresh.contains_key(&id) {
-                fresh.insert(id, EndpointState { due_now: false, next_due: None, ..gone });
+            if fresh.contains_key(&id) {
+                continue;
+            }
+            some_went_away = true;
+            if gone.in_flight > 0 {
+                // Kept, sent nothing more, only until its answers are in.
+                fresh.insert(id, EndpointState { enabled: false, due_now: false, next_due: None, ..gone });
             }
         }
         self.by_id = fresh;
+        some_went_away
     }
 
     /// Asks the database when each enabled endpoint next has a delivery due (in a transaction).

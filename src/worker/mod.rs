@@ -250,7 +250,9 @@ impl Worker {
         if claiming {
             let now = crate::backend::now();
             if Instant::now() >= self.next_refresh {
-                self.endpoints.reload(schema, self.settings.http_timeout);
+                if self.endpoints.reload(schema, self.settings.http_timeout) {
+                    record::settle_orphans(&mut spi, schema);
+                }
                 self.endpoints.refresh_next_due(schema);
                 self.housekeeping.warn_about_unsubscribed_topics(&mut spi, schema, &self.endpoints.topics());
                 self.next_refresh = Instant::now() + self.settings.poll_interval;

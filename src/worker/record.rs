@@ -24,6 +24,8 @@ static LOG_ATTEMPTS: Statement = Statement::new(
 );
 static LOCK_MESSAGES: Statement = Statement::new(include_str!("lock_messages.sql"), &[INT8ARRAYOID]);
 static MESSAGES_TO_SETTLE: Statement = Statement::new(include_str!("messages_to_settle.sql"), &[INT8ARRAYOID]);
+static ORPHANED: Statement = Statement::new(include_str!("orphaned_messages.sql"), &[]);
+static UNHAND: Statement = Statement::new(include_str!("unhand_messages.sql"), &[INT8ARRAYOID]);
 static SETTLE: Statement = Statement::new(include_str!("settle_messages.sql"), &[INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID]);
 
 /// What one step recorded.
@@ -191,4 +193,28 @@ pub fn settle_messages(spi: &mut Spi, schema: pg_sys::Oid, mut candidates: Vec<i
     if !ids.is_empty() {
         spi.execute(&SETTLE, schema, &[ids.into_datum(), statuses.into_datum(), errors.into_datum()]);
     }
+}
+
+/// After endpoints were unsubscribed (their deliveries deleted with them): messages whose other
+/// deliveries have all ended end (settle_messages); those left without any delivery are no
+/// longer the worker's (unhand_messages.sql).
+pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid) {
+    let rows = spi.execute(&ORPHANED, schema, &[]);
+    let (mut with_deliveries, mut without) = (Vec::new(), Vec::new());
+    for row in 0..rows.len() {
+        let id: i64 = rows.get(row, 1).expect("id");
+        if rows.get::<bool>(row, 2).unwrap_or(false) {
+            with_deliveries.push(id)
+        } else {
+            without.push(id)
+        }
+    }
+    if !without.is_empty() {
+        let unhanded = spi.execute(&UNHAND, schema, &[without.into_datum()]);
+        let keys: Vec<String> = (0..unhanded.len()).filter_map(|row| unhanded.get_text(row, 1)).collect();
+        if !keys.is_empty() {
+            ordering::release_message_keys(spi, schema, keys.into_datum());
+        }
+    }
+    settle_messages(spi, schema, with_deliveries);
 }

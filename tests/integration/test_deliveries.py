@@ -162,3 +162,28 @@ def test_the_attempt_log_is_purged_with_the_history(fast_worker, receivers):
     assert db.execute("SELECT outbox_purge('1 day')").fetchone()[0] == 2
     assert db.execute("SELECT count(*) FROM outbox_delivery_attempt").fetchone()[0] == 0
     assert db.execute("SELECT count(*) FROM outbox_delivery").fetchone()[0] == 0, "deliveries go with their message"
+
+
+def test_unsubscribing_an_endpoint_that_has_not_taken_a_message_lets_the_message_end(fast_worker, receivers):
+    """A message waits for all its deliveries; when an endpoint is unsubscribed, its deliveries
+    go with it, and the message ends with the others (or, with none left, is no longer the
+    worker's: a new subscription or a SQL consumer takes it)."""
+    db = fast_worker
+    healthy, parked = receivers(), receivers()
+    db.execute("SELECT outbox_subscribe('booking.created', %s)", (healthy.url,))
+    db.execute("SELECT outbox_subscribe('booking.created', %s, enabled => false)", (parked.url,))
+    db.execute("SELECT outbox_subscribe('invoice.paid', %s, enabled => false)", (parked.url + "/i",))
+    first, _ = enqueue(db, "booking.created", {"n": 1})
+    second, _ = enqueue(db, "invoice.paid", {"n": 2})
+    healthy.wait_for(1)
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_delivery WHERE status = 'PENDING'").fetchone()[0] == 2)
+    assert db.execute("SELECT status FROM outbox WHERE id = %s", (first,)).fetchone()[0] == "PENDING"
+
+    db.execute("SELECT outbox_unsubscribe('booking.created', %s)", (parked.url,))
+    db.execute("SELECT outbox_unsubscribe('invoice.paid')")
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (first,)).fetchone()[0] == "DONE",
+               what="the message to end with its remaining delivery")
+    eventually(lambda: db.execute("SELECT waiting_for IS NULL FROM outbox WHERE id = %s", (second,)).fetchone()[0],
+               what="the message without endpoints to be free again")
+    assert [row[0] for row in db.execute("SELECT id FROM outbox_claim(10)")] == [second]
+    assert parked.requests == []

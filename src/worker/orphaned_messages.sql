@@ -1,0 +1,12 @@
+-- Messages handed to the worker of which no delivery is pending any more although they still
+-- wait for their deliveries: their endpoints were unsubscribed (deleting the deliveries with
+-- them). Found through outbox_handed_over_idx. Returns each, and whether deliveries (ended
+-- ones) remain.
+SELECT o.id,
+       EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id)
+  FROM @extschema@.outbox o
+ WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   AND o.waiting_for OPERATOR(pg_catalog.=) 'deliveries'::@extschema@.outbox_wait
+   AND NOT EXISTS (SELECT FROM @extschema@.outbox_delivery d
+                    WHERE d.message_id OPERATOR(pg_catalog.=) o.id
+                      AND d.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status)
