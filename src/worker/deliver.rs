@@ -37,6 +37,10 @@ pub struct Pool {
     /// Written by a helper thread for each answer; the main thread waits on it.
     wake_fd: RawFd,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// What a new helper thread needs: the shared queue, the way back, the HTTP client.
+    queue: Arc<Mutex<Receiver<Job>>>,
+    answers: Sender<Finished>,
+    agent: ureq::Agent,
     in_flight: usize,
     /// Payload bytes of the requests in flight.
     bytes_in_flight: usize,
@@ -55,13 +59,30 @@ impl Pool {
         let (answers, results) = channel::<Finished>();
         let queue = Arc::new(Mutex::new(queue));
         let agent = webhook::new_agent(threads, allowed_networks);
-        let handles = (0..threads)
-            .map(|_| {
-                let (queue, answers, agent) = (Arc::clone(&queue), answers.clone(), agent.clone());
-                spawn_with_signals_blocked(move || helper(queue, answers, agent, wake_fd))
-            })
-            .collect();
-        Pool { jobs: Some(jobs), results, wake_fd, threads: handles, in_flight: 0, bytes_in_flight: 0, latest_deadline: None }
+        let mut pool = Pool {
+            jobs: Some(jobs),
+            results,
+            wake_fd,
+            threads: Vec::new(),
+            queue,
+            answers,
+            agent,
+            in_flight: 0,
+            bytes_in_flight: 0,
+            latest_deadline: None,
+        };
+        pool.grow_to(threads);
+        pool
+    }
+
+    /// At least `threads` helper threads, one per request that may be in flight (a reload may
+    /// raise outbox.max_in_flight): a leased delivery never waits in the queue, where its lease
+    /// could run out before it is sent.
+    pub fn grow_to(&mut self, threads: usize) {
+        while self.threads.len() < threads {
+            let (queue, answers, agent, wake_fd) = (Arc::clone(&self.queue), self.answers.clone(), self.agent.clone(), self.wake_fd);
+            self.threads.push(spawn_with_signals_blocked(move || helper(queue, answers, agent, wake_fd)));
+        }
     }
 
     pub fn wake_fd(&self) -> RawFd {

@@ -174,6 +174,7 @@ impl Worker {
             if reload_requested() {
                 crate::backend::reload_configuration();
                 self.settings = settings::worker_settings();
+                self.pool.grow_to(self.settings.max_in_flight);
                 *self.allowed_networks.write().unwrap_or_else(std::sync::PoisonError::into_inner) = settings::allowed_networks();
                 self.next_refresh = Instant::now();
             }
