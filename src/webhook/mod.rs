@@ -255,7 +255,7 @@ mod unit_tests {
     fn refuses_secrets_not_in_the_whsec_form() {
         assert!(decode_secret("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_err());
         assert!(decode_secret("whsec_not base64!").is_err());
-        assert!(decode_secret("whsec_c2hvcnQ=").unwrap_err().contains("24 to 64 bytes"));
+        assert!(decode_secret("whsec_c2hvcnQ=").unwrap_err().0.contains("24 to 64 bytes"));
     }
 
     #[test]
