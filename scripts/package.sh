@@ -61,9 +61,11 @@ case "$PG" in
 *) depends=$shlibs ;;
 esac
 case "$PG" in
-15) server="Debian's postgresql-15" ;;
-*) server="PostgreSQL $PG as installed under $("$PG_CONFIG" --bindir | sed 's|/bin$||') (its pg_config's paths)" ;;
+15) server="For Debian's postgresql-15." ;;
+*) server="For the PostgreSQL $PG installed under $("$PG_CONFIG" --bindir | sed 's|/bin$||') (the paths its pg_config reports); no Debian package provides that server." ;;
 esac
+# A long line of the description, folded as a control file wants it (a space before each line).
+describe() { fold -s -w 74 <<<"$1" | sed 's/ *$//; s/^/ /'; }
 
 mkdir -p "$root/DEBIAN"
 cat >"$root/DEBIAN/control" <<CONTROL
@@ -76,14 +78,9 @@ Depends: $depends
 Section: database
 Priority: optional
 Description: transactional outbox for PostgreSQL $PG (outbox_ext $version)
- Enqueue messages in your transaction, claim them with SKIP LOCKED, retry with
- backoff, dead-letter, and deliver them as signed webhooks from a background
- worker (shared_preload_libraries = 'outbox_ext').
+$(describe "Enqueue messages in your transaction, claim them with SKIP LOCKED, retry with backoff, dead-letter, and deliver them as signed webhooks from a background worker (shared_preload_libraries = 'outbox_ext').")
  .
- For $server.
- Holds the library, the control file, the install script of $version and every
- upgrade script; run CREATE EXTENSION outbox_ext or ALTER EXTENSION outbox_ext
- UPDATE after installing.
+$(describe "$server The library, the control file, the install script of $version and every upgrade script: run CREATE EXTENSION outbox_ext, or ALTER EXTENSION outbox_ext UPDATE, after installing.")
 CONTROL
 (cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) >"$root/DEBIAN/md5sums"
 
