@@ -40,7 +40,9 @@ PY
 }
 
 case "$PG" in
-15) PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config ;;
+# OUTBOX_PG15_CONFIG: another PostgreSQL 15 (the pg_upgrade test unpacks Debian's previous
+# release of 15 and runs a cluster of it).
+15) PG_CONFIG=${OUTBOX_PG15_CONFIG:-/usr/lib/postgresql/15/bin/pg_config} ;;
 16) PG_CONFIG=$(pgrx_config configs pg16) ;;
 17)
     # pgrx's download where it has one (the GitHub workflow), else the source build.

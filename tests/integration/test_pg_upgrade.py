@@ -10,12 +10,12 @@ Delivery is paused (outbox.worker_enabled = off) in both clusters until everythi
 compared, as docs/versions.md suggests for an upgrade; the new cluster then turns it on.
 """
 
+import functools
 import os
 import pathlib
 import shutil
 import subprocess
 import tempfile
-import time
 import tomllib
 
 import psycopg
@@ -54,21 +54,29 @@ def bindir(pg_config: str) -> str:
 
 class VersionCluster(ScratchCluster):
     """A ScratchCluster of PostgreSQL `pg` (scripts/cluster.sh with PG=pg), initdb'd with
-    `initdb_options`."""
+    `initdb_options`; `pg15_config`, another PostgreSQL 15 than the installed one."""
 
-    def __init__(self, port, pg, conf="", initdb_options=""):
+    def __init__(self, port, pg, conf="", initdb_options="", pg15_config=None):
         super().__init__(port, conf)
         self.pg = pg
         self.initdb_options = initdb_options
+        self.env = dict(os.environ, PG=str(pg))
+        self.env.pop("OUTBOX_WORKER_DATABASES", None)
+        if pg15_config:
+            self.env["OUTBOX_PG15_CONFIG"] = pg15_config
+        self.pg_config = pg15_config or pg_config_of(pg)
 
     def start(self):
-        env = dict(os.environ, PG=str(self.pg), OUTBOX_CLUSTER_CONF=self.conf, OUTBOX_INITDB_OPTIONS=self.initdb_options)
-        env.pop("OUTBOX_WORKER_DATABASES", None)
+        env = dict(self.env, OUTBOX_CLUSTER_CONF=self.conf, OUTBOX_INITDB_OPTIONS=self.initdb_options)
         subprocess.run([ROOT / "scripts/cluster.sh", "start", self.dir, str(self.port)], check=True, env=env)
         return self
 
     def stop(self):
-        subprocess.run([ROOT / "scripts/cluster.sh", "stop", self.dir], check=False, env=dict(os.environ, PG=str(self.pg)))
+        subprocess.run([ROOT / "scripts/cluster.sh", "stop", self.dir], check=False, env=self.env)
+
+    @property
+    def version(self) -> str:
+        return subprocess.run([self.pg_config, "--version"], check=True, capture_output=True, text=True).stdout.strip()
 
     @property
     def data(self) -> str:
@@ -98,14 +106,14 @@ SNAPSHOT = {
     "sequences": """SELECT sequencename, data_type::text, start_value, increment_by, last_value
                       FROM pg_sequences WHERE sequencename LIKE 'outbox%' ORDER BY 1""",
     "extension": "SELECT extname, extversion, extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'outbox_ext'",
-    "members": """SELECT pg_describe_object(d.classid, d.objid, 0) FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
-                   WHERE e.extname = 'outbox_ext' AND d.deptype = 'e' ORDER BY 1""",
     # Grants: tables, views, sequences, functions of the extension and who holds what.
     # (An ACL equal to the owner's default may come out as NULL, the same privileges: each is
-    # compared as what it grants.)
+    # compared as what it grants. MAINTAIN (m), new in 17, which the owner has by default there,
+    # is left out.)
     "relation acls": """SELECT c.relname, c.relkind::text,
-                               ARRAY(SELECT a::text FROM unnest(coalesce(c.relacl, acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char",
-                                                                                             c.relowner))) a ORDER BY 1)
+                               ARRAY(SELECT regexp_replace(a::text, '=([^/]*)m\\*?', '=\\1')
+                                       FROM unnest(coalesce(c.relacl, acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char",
+                                                                                 c.relowner))) a ORDER BY 1)
                           FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace AND c.relname LIKE 'outbox%' ORDER BY 1""",
     "function acls": """SELECT p.oid::regprocedure::text,
                                ARRAY(SELECT a::text FROM unnest(coalesce(p.proacl, acldefault('f'::"char", p.proowner))) a ORDER BY 1)
@@ -125,6 +133,13 @@ SNAPSHOT = {
                             has_function_privilege('outbox_pgu_app', 'outbox_claim(integer, text[], interval)', 'EXECUTE'),
                             has_function_privilege('outbox_pgu_monitor', 'outbox_claim(integer, text[], interval)', 'EXECUTE')""",
 }
+
+
+# The extension's members. On PostgreSQL 18 (not on 15) the row and array types of its tables,
+# views and types are members too: after pg_upgrade they must be what the new version's own
+# CREATE EXTENSION makes.
+MEMBERS = """SELECT pg_describe_object(d.classid, d.objid, 0) FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+              WHERE e.extname = 'outbox_ext' AND d.deptype = 'e' ORDER BY 1"""
 
 
 def snapshot(conn) -> dict:
@@ -203,50 +218,118 @@ ATTVER_REASON = ("pg_upgrade from {old} to {new} fails for any table, not only o
                  "it needs a minor release of the new version as recent as the old one's")
 
 
-def server_version(pg: int) -> str:
-    return subprocess.run([pg_config_of(pg), "--version"], check=True, capture_output=True, text=True).stdout.strip()
+def marks_attver(pg_config: str) -> bool:
+    """Whether that server knows the column option pg_attver (its binary names it)."""
+    return b"pg_attver" in (pathlib.Path(bindir(pg_config)) / "postgres").read_bytes()
+
+
+def dpkg_older(a: str, b: str) -> bool:
+    return subprocess.run(["dpkg", "--compare-versions", a, "lt", b]).returncode == 0
+
+
+def previous_release_of_15():
+    """Debian 12's release of postgresql-15 before the installed one, unpacked (not installed:
+    `dpkg-deb -x`, its paths relocate) into /opt/outbox_ext/postgresql-15-VERSION, with
+    outbox_ext's files copied from the installed 15 (a minor release keeps the ABI). Its
+    pg_config, or a reason why there is none."""
+    installed_version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "postgresql-15"], capture_output=True,
+                                       text=True).stdout.strip()
+    listed = subprocess.run(["apt-cache", "madison", "postgresql-15"], capture_output=True, text=True).stdout
+    older = [v for v in {line.split("|")[1].strip() for line in listed.splitlines() if line.count("|") >= 2}
+             if dpkg_older(v, installed_version)]
+    if not older:
+        return None, f"Debian's registry lists no postgresql-15 older than {installed_version}"
+    version = functools.reduce(lambda a, b: b if dpkg_older(a, b) else a, older)
+    root = pathlib.Path(f"/opt/outbox_ext/postgresql-15-{version}")
+    pg15_config = root / "usr/lib/postgresql/15/bin/pg_config"
+    if not (root / ".unpacked").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        with tempfile.TemporaryDirectory() as debs:
+            packages = [f"{name}={version}" for name in ("postgresql-15", "postgresql-client-15")]
+            fetched = subprocess.run(["apt-get", "download", *packages], cwd=debs, capture_output=True, text=True)
+            if fetched.returncode != 0:
+                return None, f"apt-get download {' '.join(packages)} failed: {fetched.stderr.strip()[-300:]}"
+            for deb in pathlib.Path(debs).glob("*.deb"):
+                subprocess.run(["dpkg-deb", "-x", deb, root], check=True)
+        (root / ".unpacked").write_text(version)
+    if marks_attver(str(pg15_config)):
+        return None, f"Debian's previous postgresql-15 ({version}) marks columns with pg_attver too"
+    # outbox_ext for it: the installed 15's files.
+    installed_15 = pg_config_of(15)
+    for source, target in (("--pkglibdir", "--pkglibdir"), ("--sharedir", "--sharedir")):
+        src = pathlib.Path(subprocess.run([installed_15, source], check=True, capture_output=True, text=True).stdout.strip())
+        dst = pathlib.Path(subprocess.run([str(pg15_config), target], check=True, capture_output=True, text=True).stdout.strip())
+        if source == "--sharedir":
+            src, dst = src / "extension", dst / "extension"
+        for file in src.glob("outbox_ext*"):
+            shutil.copy2(file, dst / file.name)
+    return str(pg15_config), None
 
 
 def pg_upgrade(old, new, work):
     """pg_upgrade --check, then pg_upgrade, as the server's user in a directory it can write."""
     user = ["sudo", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    command = user + [os.path.join(bindir(pg_config_of(new.pg)), "pg_upgrade"),
-                      "-b", bindir(pg_config_of(old.pg)), "-B", bindir(pg_config_of(new.pg)),
+    command = user + [os.path.join(bindir(new.pg_config), "pg_upgrade"), "-b", bindir(old.pg_config), "-B", bindir(new.pg_config),
                       "-d", old.data, "-D", new.data, "-p", str(old.port), "-P", str(new.port), "-U", "postgres"]
     for extra in (["--check"], []):
         result = subprocess.run(command + extra, cwd=work, capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             logs = {log: log.read_text() for log in sorted(pathlib.Path(new.data).glob("pg_upgrade_output.d/**/*.log"))}
             if any(ATTVER_ERROR in text for text in logs.values()):
-                pytest.xfail(ATTVER_REASON.format(old=server_version(old.pg), new=server_version(new.pg)))
+                pytest.xfail(ATTVER_REASON.format(old=old.version, new=new.version))
             report = "".join(f"\n--- {log}\n{text[-3000:]}" for log, text in logs.items())
             pytest.fail(f"pg_upgrade {' '.join(extra)} failed:\n{result.stdout}\n{result.stderr}{report}")
+
+
+def target_pg_config(target: int) -> str:
+    """The target's pg_config with outbox_ext installed, or a skip."""
+    pg_config = pg_config_of(target)
+    if not installed(pg_config):
+        pytest.skip(f"PostgreSQL {target} is not installed here ({pg_config or 'no pg_config'}): "
+                    f"`PG={target} scripts/setup.sh` installs it (docs/versions.md)")
+    install_extension_for(target, pg_config)
+    return pg_config
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_pg_upgrade_keeps_everything_and_the_worker_delivers(target):
     if target < SOURCE:
         pytest.skip(f"pg_upgrade goes from the version under test, PostgreSQL {SOURCE}, to it or newer ones")
-    target_pg_config = pg_config_of(target)
-    if not installed(target_pg_config):
-        pytest.skip(f"PostgreSQL {target} is not installed here ({target_pg_config or 'no pg_config'}): "
-                    f"`PG={target} scripts/setup.sh` installs it (docs/versions.md)")
-    install_extension_for(target, target_pg_config)
+    target_pg_config(target)
+    upgrade_and_check(VersionCluster(OLD_PORT, SOURCE, CONF), target)
 
+
+@pytest.mark.parametrize("target", [16, 17, 18])
+def test_pg_upgrade_from_the_previous_release_of_15(target):
+    """Where the installed 15 marks columns with pg_attver and the target does not know it
+    (test above: an expected failure), the same from Debian's release of 15 before it."""
+    if SOURCE != 15:
+        pytest.skip("runs in PostgreSQL 15's test run")
+    pg_config = target_pg_config(target)
+    if not marks_attver(pg_config_of(15)) or marks_attver(pg_config):
+        pytest.skip(f"PostgreSQL {target} restores what the installed 15 marks: the test above covers it")
+    pg15_config, reason = previous_release_of_15()
+    if not pg15_config:
+        pytest.skip(reason)
+    upgrade_and_check(VersionCluster(OLD_PORT, 15, CONF, pg15_config=pg15_config), target)
+
+
+def upgrade_and_check(old, target):
+    """Fills `old`, upgrades it to PostgreSQL `target` and checks everything came through."""
     receiver = Receiver().start()
     work = tempfile.mkdtemp(prefix="outbox_ext-pg_upgrade.")
     if os.geteuid() == 0:
         shutil.chown(work, "postgres")
-    old = VersionCluster(OLD_PORT, SOURCE, CONF)
     # PostgreSQL 18's initdb turns data checksums on by default, earlier ones off: pg_upgrade
     # needs both clusters alike.
-    new = VersionCluster(NEW_PORT, target, CONF, "--no-data-checksums" if SOURCE < 18 <= target else "")
+    new = VersionCluster(NEW_PORT, target, CONF, "--no-data-checksums" if old.pg < 18 <= target else "")
     try:
         old.start()
         old.create_database(DATABASE)
         with old.connect(DATABASE) as conn:
             facts = populate(conn, receiver.url)
             before = snapshot(conn)
+            members_before = conn.execute(MEMBERS).fetchall()
             pending = conn.execute("SELECT public_id::text FROM outbox WHERE topic = 'booking.created' AND status = 'PENDING' "
                                    "AND available_at <= clock_timestamp() AND lease_token IS NULL ORDER BY id").fetchall()
         settings_before = settings_seen(old), settings_seen(old, "outbox_pgu_app")
@@ -265,6 +348,12 @@ def test_pg_upgrade_keeps_everything_and_the_worker_delivers(target):
             after = snapshot(conn)
             for name in SNAPSHOT:
                 assert after[name] == before[name], f"pg_upgrade changed the {name}"
+            members = conn.execute(MEMBERS).fetchall()
+        new.create_database("outbox_pg_upgrade_fresh")
+        with new.connect("outbox_pg_upgrade_fresh") as fresh:
+            assert members == fresh.execute(MEMBERS).fetchall(), "the upgraded extension's members differ from a fresh install's"
+        assert set(members_before) <= set(members)
+        with new.connect(DATABASE) as conn:
             assert after["extension"] == [("outbox_ext", CURRENT, "public")]
             assert after["privileges"] == [(True, True, False, True, True, False)]
             # The sequences go on where they were; dedupe keys still hold.
