@@ -17,6 +17,7 @@ require_pg
 port=${OUTBOX_TEST_PORT:-25329}
 passed=0
 failed=0
+what=""
 check() { # check WHAT COMMAND...: one assertion
     if "$@"; then
         passed=$((passed + 1))
@@ -64,6 +65,7 @@ depends=$(dpkg-deb -f "$deb" Depends)
 if [ "$PG" = 15 ]; then
     what="Depends on postgresql-15 ($depends)" check grep -Eq '(^|, )postgresql-15(,|$)' <<<"$depends"
 else
+    # shellcheck disable=SC2016 # $1 is the inner shell's
     what="no server package in Depends for a source-built PostgreSQL $PG ($depends)" check \
         bash -c '! grep -q postgresql <<<"$1"' _ "$depends"
 fi
@@ -106,9 +108,10 @@ what="dpkg reports the package removed" check bash -c "! dpkg-query -W -f='\${St
 for file in $files; do
     what="$file is removed" check [ ! -e "$file" ]
 done
-what="no outbox_ext library is left in $PG_PKGLIBDIR" check [ -z "$(ls "$PG_PKGLIBDIR" | grep '^outbox_ext')" ]
+what="no outbox_ext library is left in $PG_PKGLIBDIR" check \
+    [ -z "$(find "$PG_PKGLIBDIR" -maxdepth 1 -name 'outbox_ext*')" ]
 what="no outbox_ext control file or script is left in $PG_SHAREDIR/extension" check \
-    [ -z "$(ls "$PG_SHAREDIR/extension" | grep '^outbox_ext')" ]
+    [ -z "$(find "$PG_SHAREDIR/extension" -maxdepth 1 -name 'outbox_ext*')" ]
 what="the server's directories remain" check test -d "$PG_PKGLIBDIR" -a -d "$PG_SHAREDIR/extension"
 
 echo "package $(basename "$deb"):"
