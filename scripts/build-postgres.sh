@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Builds PostgreSQL 17 or 18 from Debian's source package and installs it, with what the tests
+# Builds PostgreSQL 18 (or 17) from Debian's source package and installs it, with what the tests
 # need (the server headers and PGXS, pg_regress, pg_isolation_regress and isolationtester,
-# pgbench, and the contrib modules btree_gist and amcheck), into
+# pgbench, and the contrib modules btree_gist, amcheck and auto_explain), into
 # $OUTBOX_PG_ROOT/postgresql-VERSION (default /opt/outbox_ext/postgresql-VERSION), outside the
 # repository. Debian 12 ships only PostgreSQL 15's server: 17's source comes from trixie, 18's
-# from sid, through deb-src entries in a sources file of its own.
+# from sid, through deb-src entries in a sources file of its own. 17's cannot be had here as of
+# 2026-11-30 (the registry lists postgresql-17 17.12 but answers 404 for its files): the build
+# stops saying so, and the GitHub workflow has pgrx download 17 instead (docs/versions.md).
 #
 #   scripts/build-postgres.sh VERSION
 #
-# Idempotent: once a build has installed (its marker file is written last) a second run does
-# nothing. About 4.5 minutes on 2 cores (nice'd, make -j2); the build log is
+# Idempotent: once a build has installed (its marker file, written last, names the version and
+# the contrib modules) a second run does nothing; a build without one of the modules is redone.
+# About 4.5 minutes on 2 cores (nice'd, make -j2); the build log is
 # $OUTBOX_PG_ROOT/build/postgresql-VERSION.log, and its end is shown if a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +38,9 @@ source scripts/common.sh
 
 prefix="$OUTBOX_PG_ROOT/postgresql-$version"
 marker="$prefix/.outbox_ext-installed"
-[ -f "$marker" ] && load_pg_paths 2>/dev/null && exit 0
+contrib_modules="btree_gist amcheck auto_explain"
+built() { [ "$(sed -n 2p "$marker" 2>/dev/null)" = "contrib: $contrib_modules" ] && load_pg_paths 2>/dev/null; }
+built && exit 0
 
 build_root="$OUTBOX_PG_ROOT/build"
 work="$build_root/postgresql-$version"
@@ -44,7 +49,7 @@ mkdir -p "$build_root"
 # One build of a version at a time (two sessions may run the scripts at once).
 exec 9>"$build_root/postgresql-$version.lock"
 flock 9
-[ -f "$marker" ] && load_pg_paths 2>/dev/null && exit 0
+built && exit 0
 
 # fail WHAT [LINES]: stops, naming the version and the step, with LINES or else the log's end.
 fail() {
@@ -93,8 +98,16 @@ download() {
 if ! (download >>"$log" 2>&1); then
     # The lists may be older than the archive (a newer upload replaced the file): refresh once.
     step "apt-get update" apt-get update
-    (download >>"$log" 2>&1) ||
+    if ! (download >>"$log" 2>&1); then
+        if grep -q '404 *Not Found' "$log"; then
+            fail "fetching the source package postgresql-$version (apt-get source, suite $suite)" \
+                "Debian's registry lists postgresql-$version but cannot serve its source files (404 Not Found):
+PostgreSQL $version cannot be built on this machine. It is tested in the GitHub workflow (pgrx
+downloads it there); here use PG=15 or PG=18 (docs/versions.md).
+$(grep '^E: ' "$log" | sort -u)"
+        fi
         fail "fetching the source package postgresql-$version (apt-get source, suite $suite)" "$(grep '^E: ' "$log" | sort -u)"
+    fi
 fi
 tarball=$(ls "$work"/postgresql-"$version"_*.orig.tar.*)
 step "unpacking $(basename "$tarball")" tar -xf "$tarball" -C "$work"
@@ -110,13 +123,13 @@ step "make" nice -n 10 make -j2
 # (pg_regress, pg_isolation_regress, isolationtester under lib/pgxs/src/test, as Debian's
 # postgresql-server-dev packages have them).
 step "make install" make install
-for module in btree_gist amcheck; do
+for module in $contrib_modules; do
     step "contrib/$module" nice -n 10 make -j2 -C "contrib/$module" install
 done
 load_pg_paths >>"$log" 2>&1 || fail "checking the installed $prefix/bin/pg_config"
 [ -x "$PG_PKGLIBDIR/pgxs/src/test/isolation/pg_isolation_regress" ] || fail "installing pg_isolation_regress"
-"$PG_CONFIG" --version >"$marker"
+{ "$PG_CONFIG" --version && echo "contrib: $contrib_modules"; } >"$marker"
 
 cd /
 rm -rf "$work"
-echo "build-postgres.sh: installed $(cat "$marker") into $prefix in $(($(date +%s) - started)) s"
+echo "build-postgres.sh: installed $(head -n 1 "$marker") into $prefix in $(($(date +%s) - started)) s"

@@ -10,6 +10,7 @@
 # The cluster preloads outbox_ext, so every database with the extension gets its delivery
 # worker (OUTBOX_WORKER_DATABASES, when set, limits them), and lets it connect to loopback. OUTBOX_CLUSTER_CONF holds extra
 # postgresql.conf lines, which override the defaults below (the benchmark turns fsync back on).
+# OUTBOX_INITDB_OPTIONS adds initdb options (the pg_upgrade test: --no-data-checksums on 18).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -24,7 +25,8 @@ start)
     mkdir -p "$dir"
     [ "$(id -u)" = 0 ] && chown postgres: "$dir"
     if [ ! -f "$dir/data/PG_VERSION" ]; then
-        as_server_user "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust --no-sync >"$dir/initdb.log"
+        # shellcheck disable=SC2086 # options, split on spaces
+        as_server_user "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust --no-sync ${OUTBOX_INITDB_OPTIONS:-} >"$dir/initdb.log"
         cat >>"$dir/data/postgresql.conf" <<CONF
 listen_addresses = '127.0.0.1'
 port = $port

@@ -1,11 +1,15 @@
 # Shared settings and helpers for the scripts; sourced, not run.
 #
-# PG chooses the PostgreSQL major version (default 15), e.g. `PG=17 make test`:
+# PG chooses the PostgreSQL major version (default 15), e.g. `PG=18 make test`
+# (docs/versions.md):
 #   15  Debian 12's packages (/usr/lib/postgresql/15)
 #   16  only in the GitHub workflow, where pgrx downloads and builds it (cargo pgrx init --pg16
 #       download); used wherever pgrx already has a pg16 in its config.toml
-#   17, 18  built from Debian's source packages by scripts/build-postgres.sh into
-#       $OUTBOX_PG_ROOT/postgresql-NN (default /opt/outbox_ext/postgresql-NN)
+#   17  in the GitHub workflow likewise (cargo pgrx init --pg17 download, pgrx's config.toml);
+#       elsewhere built from Debian's source package like 18, which fails while the registry
+#       lists trixie's postgresql-17 but cannot serve its files (so here as of 2026-11-30)
+#   18  built from Debian's source package (sid) by scripts/build-postgres.sh into
+#       $OUTBOX_PG_ROOT/postgresql-18 (default /opt/outbox_ext/postgresql-18)
 # PG_CONFIG, PG_BIN, PG_PKGLIBDIR and PG_SHAREDIR come from that version's pg_config and are
 # exported as OUTBOX_PG, OUTBOX_PG_CONFIG, OUTBOX_PG_BIN, OUTBOX_PG_PKGLIBDIR and
 # OUTBOX_PG_SHAREDIR for the Python tests and the benchmark. Before scripts/setup.sh has
@@ -36,10 +40,24 @@ PY
 }
 
 case "$PG" in
-15) PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config ;;
+# OUTBOX_PG15_CONFIG: another PostgreSQL 15 (the pg_upgrade test unpacks Debian's previous
+# release of 15 and runs a cluster of it).
+15) PG_CONFIG=${OUTBOX_PG15_CONFIG:-/usr/lib/postgresql/15/bin/pg_config} ;;
 16) PG_CONFIG=$(pgrx_config configs pg16) ;;
+17)
+    # pgrx's download where it has one (the GitHub workflow), else the source build.
+    PG_CONFIG=$(pgrx_config configs pg17)
+    case "$PG_CONFIG" in
+    "" | "$OUTBOX_PG_ROOT"/*) PG_CONFIG="$OUTBOX_PG_ROOT/postgresql-$PG/bin/pg_config" ;;
+    esac
+    ;;
 *) PG_CONFIG="$OUTBOX_PG_ROOT/postgresql-$PG/bin/pg_config" ;;
 esac
+# Whether pgrx downloads and builds PG's version here: 16 always, 17 in the GitHub workflow
+# (Debian's source package of 17 cannot be had).
+pgrx_downloads() {
+    [ "$PG" = 16 ] || { [ "$PG" = 17 ] && [ "${GITHUB_ACTIONS:-}" = true ]; }
+}
 
 # Fills PG_BIN, PG_PKGLIBDIR and PG_SHAREDIR from PG_CONFIG; fails if it is not installed or
 # is another major version.

@@ -1,17 +1,46 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine:
-#   1. plain Rust unit tests and #[pg_test]s (cargo pgrx test, in pgrx's own test cluster)
-#   2. the extension built in release mode and installed into the PostgreSQL chosen by PG
-#      (scripts/common.sh: 15 by default; `PG=17 scripts/test.sh` or `PG=17 make test`)
-#   3. integration tests over real client connections and the isolation specs, against a
-#      scratch cluster started here on 127.0.0.1 and stopped at the end
-#   4. a smoke run of the benchmark (bench/), so the harness cannot rot
-#   5. the short reliability suite (tests/reliability/): faults, load and hostile input
+#   1. rust         plain Rust unit tests and #[pg_test]s (cargo pgrx test, in pgrx's own test
+#                   cluster)
+#   2. install      the extension built in release mode and installed into the PostgreSQL
+#                   chosen by PG (scripts/common.sh: 15 by default; `PG=18 scripts/test.sh` or
+#                   `PG=18 make test`)
+#   3. integration  integration tests over real client connections, the isolation specs, the
+#                   pg_regress suite and pg_upgrade from 15 (tests/integration), against a
+#                   scratch cluster started here on 127.0.0.1 and stopped at the end
+#   4. bench        a smoke run of the benchmark (bench/), so the harness cannot rot
+#   5. reliability  the short reliability suite (tests/reliability/): faults, load and hostile
+#                   input
+#   6. package      `make package`'s Debian package installed with dpkg, used, removed
+#                   (tests/packaging/test_package.sh), then step 2's install put back
+# OUTBOX_TEST_STEPS chooses steps by name (comma- or space-separated; default: all), e.g.
+#   OUTBOX_TEST_STEPS=rust,install,integration PG=18 scripts/test.sh
+# (what .ci/run runs on PostgreSQL 18). Steps 3 to 6 use the extension that step 2 installs.
+# Arguments go to pytest (step 3), e.g. `scripts/test.sh -k upgrade`. OUTBOX_TEST_PORT
+# (default 25329) is the scratch cluster's port.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 scripts/setup.sh
 require_pg
+
+all_steps="rust install integration bench reliability package"
+steps=${OUTBOX_TEST_STEPS:-$all_steps}
+steps=" ${steps//,/ } "
+for step in $steps; do
+    case " $all_steps " in
+    *" $step "*) ;;
+    *)
+        echo "test.sh: OUTBOX_TEST_STEPS: unknown step '$step' (steps: $all_steps)" >&2
+        exit 2
+        ;;
+    esac
+done
+# run STEP: whether OUTBOX_TEST_STEPS has STEP.
+run() { [[ "$steps" == *" $1 "* ]]; }
+# banner TEXT: a step's title, with the time since the start.
+banner() { echo "== $1 [$(((SECONDS - started) / 60))m$(((SECONDS - started) % 60))s]"; }
+started=$SECONDS
 
 scratch=$(mktemp -d /tmp/outbox_ext-test.XXXXXX)
 chown postgres: "$scratch" 2>/dev/null || true
@@ -21,33 +50,55 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== 1/5 Rust unit tests and #[pg_test]s"
-mkdir -p "$scratch/pgrx" && chown postgres: "$scratch/pgrx" 2>/dev/null || true
-cargo pgrx test "pg$PG" --runas postgres --pgdata "$scratch/pgrx/data"
+if run rust; then
+    banner "1/6 Rust unit tests and #[pg_test]s"
+    mkdir -p "$scratch/pgrx" && chown postgres: "$scratch/pgrx" 2>/dev/null || true
+    cargo pgrx test "pg$PG" --runas postgres --pgdata "$scratch/pgrx/data"
+fi
 
-echo "== 2/5 build and install the extension"
-cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
-# Released versions' install scripts, for the upgrade tests to create old versions from. The
-# upgrade scripts themselves come from the ordinary install above, and only from it.
-cp sql/versions/outbox_ext--*.sql "$PG_SHAREDIR/extension/"
-
-echo "== 3/5 integration tests and isolation specs against a scratch cluster"
-port=${OUTBOX_TEST_PORT:-25329}
-# RUST_BACKTRACE=1, as a developer's environment often has it: errors must carry no backtrace
-# even then (tests/integration/test_bad_input.py).
-RUST_BACKTRACE=1 \
-    scripts/cluster.sh start "$scratch/cluster" "$port"
-OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" \
-    PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
-    .venv/bin/pytest tests/integration -q "$@"
-scripts/cluster.sh stop "$scratch/cluster"
-
-echo "== 4/5 benchmark smoke run (figures too short to quote)"
-.venv/bin/python bench/bench.py --smoke --output "$scratch/bench" >"$scratch/bench.log" 2>&1 || {
-    cat "$scratch/bench.log"
-    exit 1
+# install_extension: the release build installed into PG's directories, with released
+# versions' install scripts for the upgrade tests to create old versions from. The upgrade
+# scripts themselves come from the ordinary install, and only from it.
+install_extension() {
+    cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null
+    cp sql/versions/outbox_ext--*.sql "$PG_SHAREDIR/extension/"
 }
-grep '^bench:' "$scratch/bench.log" | cut -c1-120
+if run install; then
+    banner "2/6 build and install the extension"
+    install_extension
+fi
 
-echo "== 5/5 reliability suite, short run"
-.venv/bin/python tests/reliability/run.py --short
+if run integration; then
+    banner "3/6 integration tests, isolation specs, pg_regress suite, pg_upgrade, against a scratch cluster"
+    port=${OUTBOX_TEST_PORT:-25329}
+    # RUST_BACKTRACE=1, as a developer's environment often has it: errors must carry no backtrace
+    # even then (tests/integration/test_bad_input.py).
+    RUST_BACKTRACE=1 \
+        scripts/cluster.sh start "$scratch/cluster" "$port"
+    OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" \
+        PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
+        .venv/bin/pytest tests/integration -q "$@"
+    scripts/cluster.sh stop "$scratch/cluster"
+fi
+
+if run bench; then
+    banner "4/6 benchmark smoke run (figures too short to quote)"
+    .venv/bin/python bench/bench.py --smoke --output "$scratch/bench" >"$scratch/bench.log" 2>&1 || {
+        cat "$scratch/bench.log"
+        exit 1
+    }
+    grep '^bench:' "$scratch/bench.log" | cut -c1-120
+fi
+
+if run reliability; then
+    banner "5/6 reliability suite, short run"
+    .venv/bin/python tests/reliability/run.py --short
+fi
+
+if run package; then
+    banner "6/6 the Debian package: built, installed with dpkg, used, removed"
+    tests/packaging/test_package.sh
+    # dpkg -r removed the files step 2 had installed: they are put back for what runs next.
+    install_extension
+fi
+banner "done: steps${steps% }"
