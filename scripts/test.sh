@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine:
-#   1. rust         plain Rust unit tests and #[pg_test]s (cargo pgrx test, in pgrx's own test
-#                   cluster)
+#   1. rust         `cargo fmt --check`, `cargo clippy` without warnings, then plain Rust unit
+#                   tests and #[pg_test]s (cargo pgrx test, in pgrx's own test cluster)
 #   2. install      the extension built in release mode and installed into the PostgreSQL
 #                   chosen by PG (scripts/common.sh: 15 by default; `PG=18 scripts/test.sh` or
 #                   `PG=18 make test`)
@@ -51,7 +51,9 @@ cleanup() {
 trap cleanup EXIT
 
 if run rust; then
-    banner "1/6 Rust unit tests and #[pg_test]s"
+    banner "1/6 cargo fmt, clippy, Rust unit tests and #[pg_test]s"
+    cargo fmt --check
+    cargo clippy --features "pg$PG pg_test" --no-default-features --all-targets -- -D warnings
     mkdir -p "$scratch/pgrx" && chown postgres: "$scratch/pgrx" 2>/dev/null || true
     cargo pgrx test "pg$PG" --runas postgres --pgdata "$scratch/pgrx/data"
 fi

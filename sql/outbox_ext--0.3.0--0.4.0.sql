@@ -1276,3 +1276,49 @@ BEGIN
     END LOOP;
 END
 $keep_grants$;
+
+-- Every GRANT in an extension's script is recorded as one of the extension's initial privileges
+-- (pg_init_privs), the users' grants given again above included, and so is the whole ACL of
+-- any object this script granted on. pg_dump leaves initial privileges out (a dump and restore
+-- would lose the users' grants) and, from PostgreSQL 17, DROP ROLE refuses a role that holds
+-- one. So the initial privileges keep only what a fresh install grants: to the owner and to
+-- the extension's own roles.
+DO $initial_privileges$
+DECLARE
+    own_roles pg_catalog.name[] := ARRAY['outbox_producer', 'outbox_consumer', 'outbox_admin', 'outbox_worker', 'pg_monitor'];
+    extension_oid pg_catalog.oid := (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'outbox_ext');
+    owner_oid pg_catalog.oid := (SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'outbox_ext');
+BEGIN
+    UPDATE pg_catalog.pg_init_privs i
+       SET initprivs = COALESCE((
+               SELECT pg_catalog.array_agg(item ORDER BY n)
+                 FROM pg_catalog.unnest(i.initprivs) WITH ORDINALITY AS u(item, n)
+                WHERE (SELECT a.grantee FROM pg_catalog.aclexplode(ARRAY[u.item]) a LIMIT 1) OPERATOR(pg_catalog.=) ANY (
+                          ARRAY[0::pg_catalog.oid, owner_oid]
+                          OPERATOR(pg_catalog.||) ARRAY(SELECT r.oid FROM pg_catalog.pg_roles r
+                                                         WHERE r.rolname OPERATOR(pg_catalog.=) ANY (own_roles)))),
+               '{}')
+      FROM pg_catalog.pg_depend d
+     WHERE d.refobjid OPERATOR(pg_catalog.=) extension_oid
+       AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+       AND d.deptype OPERATOR(pg_catalog.=) 'e'
+       AND i.classoid OPERATOR(pg_catalog.=) d.classid
+       AND i.objoid OPERATOR(pg_catalog.=) d.objid;
+    -- PostgreSQL 17 and later also record each role named in an initial privilege as a
+    -- dependency of the object ('i' in pg_shdepend).
+    IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4 OPERATOR(pg_catalog.>=) 170000 THEN
+        DELETE FROM pg_catalog.pg_shdepend s
+         USING pg_catalog.pg_depend d
+         WHERE s.deptype OPERATOR(pg_catalog.=) 'i'
+           AND s.dbid OPERATOR(pg_catalog.=) (SELECT b.oid FROM pg_catalog.pg_database b
+                                               WHERE b.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+           AND s.classid OPERATOR(pg_catalog.=) d.classid
+           AND s.objid OPERATOR(pg_catalog.=) d.objid
+           AND d.refobjid OPERATOR(pg_catalog.=) extension_oid
+           AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.deptype OPERATOR(pg_catalog.=) 'e'
+           AND s.refobjid OPERATOR(pg_catalog.<>) owner_oid
+           AND pg_catalog.pg_get_userbyid(s.refobjid) OPERATOR(pg_catalog.<>) ALL (own_roles);
+    END IF;
+END
+$initial_privileges$;

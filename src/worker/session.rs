@@ -27,9 +27,10 @@ const SESSION_SETTINGS: [(&str, &str); 10] = [
     ("lock_timeout", "10s"),
     ("statement_timeout", "60s"),
     ("idle_in_transaction_session_timeout", "0"),
-    // The worker's commits do not wait for the WAL flush: losing the last outcomes in a server
-    // crash only means those messages are delivered again (at least once), never lost.
-    ("synchronous_commit", "off"),
+    // Each step's commit (the outcomes of its answers, in one transaction) waits for the local
+    // WAL flush: an outcome lost in a crash would mean the request is made again. Not for
+    // standbys: a failover loses at most the last outcomes, which only means redeliveries.
+    ("synchronous_commit", "local"),
     ("application_name", "outbox_ext delivery worker"),
     // Its statements are small and run thousands of times a second: compiling them would cost
     // more than it saves.

@@ -13,7 +13,7 @@ import os
 import psycopg
 import pytest
 
-from conftest import DATABASE
+from conftest import DATABASE, pg_program
 from support import EVERY_STATE, eventually
 from support.receiver import Receiver
 
@@ -50,6 +50,11 @@ SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_cons
  WHERE connamespace = 'public'::regnamespace AND conname LIKE 'outbox%'
 UNION ALL
 SELECT 'view ' || viewname || ' ' || definition FROM pg_views WHERE schemaname = 'public' AND viewname LIKE 'outbox%'
+UNION ALL
+SELECT 'initial privileges ' || pg_describe_object(i.classoid, i.objoid, i.objsubid) || ' ' || i.initprivs::text
+  FROM pg_init_privs i
+  JOIN pg_depend d ON d.classid = i.classoid AND d.objid = i.objoid AND d.deptype = 'e'
+  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'outbox_ext'
 ORDER BY 1
 """
 
@@ -146,6 +151,10 @@ def test_update_from_a_previous_version_keeps_data_and_matches_a_fresh_install(d
                 f"the update dropped a user's grant on {view}"
         assert old.execute("SELECT has_function_privilege('outbox_upgrade_mon', 'outbox_claim(integer, text[], interval)', "
                            "'EXECUTE')").fetchone()[0], "the update dropped a user's grant on outbox_claim"
+        # The users' grants are theirs, not the extension's initial privileges: a dump keeps them.
+        dump = subprocess.run([pg_program("pg_dump"), "--schema-only", "-d", "outbox_upgrade_old"],
+                              capture_output=True, text=True, check=True).stdout
+        assert "GRANT ALL ON FUNCTION public.outbox_claim(batch_size integer, topics text[], lease interval) TO outbox_upgrade_mon" in dump
         old.execute(f"REVOKE SELECT ON {', '.join(views)} FROM outbox_upgrade_mon")
         old.execute("REVOKE EXECUTE ON FUNCTION outbox_claim(integer, text[], interval) FROM outbox_upgrade_mon")
         old.execute("DROP ROLE outbox_upgrade_mon")
