@@ -646,7 +646,7 @@ def report(results, s, path_md, path_png):
         "|---|---|---|---|---|---|---|",
         *[f"| {r['consumers']} | {r['batch']} | {r['essay_per_s']:.0f} | {r['no_lease_per_s']:.0f} | **{r['ratio']:.2f}** | {r['lease_per_s']:.0f} | {r['lease_ratio']:.2f} |" for r in d],
         "",
-        f"## 3. Flat cost as history grows (claim + complete of 10, one client)",
+        "## 3. Flat cost as history grows (claim + complete of 10, one client)",
         "",
         "| DONE rows | mean latency (ms) |",
         "|---|---|",

@@ -6,9 +6,12 @@ PGPORT and PGUSER; each test gets a fresh database state (the extension dropped 
 
 import os
 import subprocess
+import time
 
 import psycopg
 import pytest
+
+from support.receiver import Receiver
 
 DATABASE = "outbox_integration"
 
@@ -61,3 +64,52 @@ def pg_program(name: str) -> str:
     """The path of a program of the PostgreSQL version under test, e.g. pg_dump
     (OUTBOX_PG_BIN, exported with OUTBOX_PG_CONFIG, is its bin directory)."""
     return os.path.join(os.environ.get("OUTBOX_PG_BIN") or pg_config("--bindir"), name)
+
+
+def configure_worker(settings: dict):
+    """ALTER SYSTEM and a reload, as an operator changes the delivery worker's settings (they are
+    SIGHUP); applied at the worker's next wake-up."""
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        for name, value in settings.items():
+            admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        admin.execute("SELECT pg_reload_conf()")
+    time.sleep(0.5)
+
+
+def reset_worker_settings():
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM RESET ALL")
+        admin.execute("SELECT pg_reload_conf()")
+
+
+# Quick retries and short waits for the tests that watch the worker deliver.
+FAST_WORKER = {
+    "outbox.backoff_base": "100ms",
+    "outbox.backoff_jitter": "0",
+    "outbox.max_attempts": "3",
+    "outbox.http_timeout": "2s",
+    "outbox.poll_interval": "200ms",
+}
+
+
+@pytest.fixture()
+def fast_worker(db):
+    """The test database, its delivery worker on FAST_WORKER settings (reset afterwards)."""
+    configure_worker(FAST_WORKER)
+    yield db
+    reset_worker_settings()
+
+
+@pytest.fixture()
+def receivers():
+    """Starts local webhook receivers on demand (receivers()), stopped after the test."""
+    started = []
+
+    def start():
+        receiver = Receiver().start()
+        started.append(receiver)
+        return receiver
+
+    yield start
+    for receiver in started:
+        receiver.stop()

@@ -5,7 +5,7 @@ import subprocess
 import tempfile
 
 from conftest import DATABASE, pg_program
-from test_upgrade import STATE, fresh_database
+from support import STATE, fresh_database
 
 
 def test_a_dump_and_restore_round_trip_keeps_pending_and_dead_messages(db):

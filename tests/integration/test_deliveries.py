@@ -8,45 +8,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import connect
 from support import eventually
-from support.receiver import Receiver
-
-FAST = {
-    "outbox.backoff_base": "100ms",
-    "outbox.backoff_jitter": "0",
-    "outbox.max_attempts": "3",
-    "outbox.http_timeout": "2s",
-    "outbox.poll_interval": "200ms",
-}
-
-
-@pytest.fixture()
-def fast_worker(db):
-    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-        for name, value in FAST.items():
-            admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-        admin.execute("SELECT pg_reload_conf()")
-    time.sleep(0.5)
-    yield db
-    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-        admin.execute("ALTER SYSTEM RESET ALL")
-        admin.execute("SELECT pg_reload_conf()")
-
-
-@pytest.fixture()
-def receivers():
-    started = []
-
-    def start():
-        receiver = Receiver().start()
-        started.append(receiver)
-        return receiver
-
-    yield start
-    for receiver in started:
-        receiver.stop()
-
 
 def enqueue(conn, topic, payload):
     return conn.execute("SELECT id, public_id::text FROM outbox_enqueue(%s, %s::jsonb)", (topic, json.dumps(payload))).fetchone()

@@ -10,7 +10,7 @@ import json
 import psycopg
 import pytest
 
-from support import admin_connection, eventually, recreate_database, wait_for_worker, worker_pid
+from support import eventually, recreate_database, wait_for_worker, worker_pid
 from support.receiver import Receiver
 
 # Both served by the delivery worker (scripts/test.sh).

@@ -12,9 +12,8 @@ import psycopg
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from conftest import connect
+from conftest import configure_worker, reset_worker_settings
 from support import eventually
-from support.receiver import Receiver
 
 FAST = {
     "outbox.backoff_base": "100ms",
@@ -27,35 +26,11 @@ FAST = {
 }
 
 
-def configure(settings: dict):
-    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-        for name, value in settings.items():
-            admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-        admin.execute("SELECT pg_reload_conf()")
-    time.sleep(0.5)  # applied at the worker's next wake-up
-
-
 @pytest.fixture()
 def worker(db):
-    configure(FAST)
+    configure_worker(FAST)
     yield db
-    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-        admin.execute("ALTER SYSTEM RESET ALL")
-        admin.execute("SELECT pg_reload_conf()")
-
-
-@pytest.fixture()
-def receivers():
-    started = []
-
-    def start():
-        receiver = Receiver().start()
-        started.append(receiver)
-        return receiver
-
-    yield start
-    for receiver in started:
-        receiver.stop()
+    reset_worker_settings()
 
 
 def enqueue_many(conn, count, topic="booking.created", headers=None):
@@ -79,7 +54,7 @@ def server_log() -> str:
 
 def test_a_receiver_that_is_down_is_probed_one_request_at_a_time_then_disabled_and_its_deliveries_parked(worker, receivers):
     db = worker
-    configure({"outbox.endpoint_disable_after": "3s"})
+    configure_worker({"outbox.endpoint_disable_after": "3s"})
     down, healthy = receivers(), receivers()
     down.answer_by_default(503, delay=0.05, body=b"maintenance")
     down_id = db.execute("SELECT outbox_subscribe('booking.created', %s)", (down.url,)).fetchone()[0]
@@ -242,7 +217,7 @@ def test_a_rotated_secret_signs_beside_the_old_one_during_the_overlap_then_alone
 
 def test_internal_destinations_are_refused_by_default_and_opened_by_the_setting(worker, receivers):
     db = worker
-    configure({"outbox.allowed_networks": ""})
+    configure_worker({"outbox.allowed_networks": ""})
     receiver = receivers()
     notices = []
     db.add_notice_handler(lambda diag: notices.append(diag.message_primary))
@@ -266,7 +241,7 @@ def test_internal_destinations_are_refused_by_default_and_opened_by_the_setting(
     # The attempts count like any failure.
     assert db.execute("SELECT min(attempts) FROM outbox_delivery").fetchone()[0] >= 1
 
-    configure({"outbox.allowed_networks": "127.0.0.1/32, 169.254.169.254/32"})
+    configure_worker({"outbox.allowed_networks": "127.0.0.1/32, 169.254.169.254/32"})
     receiver.wait_for(1, timeout=10)
     eventually(lambda: db.execute("SELECT status FROM outbox WHERE topic = 'booking.created'").fetchone()[0] == "DONE")
     # Allowed, the metadata address is tried for real (nothing answers there in this sandbox).

@@ -3,7 +3,6 @@ CREATE EXTENSION is enough. A server of its own, configured only with the preloa
 
 import time
 
-import psycopg
 import pytest
 
 from support import eventually

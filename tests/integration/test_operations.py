@@ -1,13 +1,13 @@
 """Operating it: the numbers (outbox_stats), dead letters (requeue, discard), housekeeping
 (outbox_purge and the worker's retention)."""
 
-import time
 
 import psycopg
 import pytest
 
-from conftest import enqueue_many
-from test_claim_plan import nodes, plan_of
+from conftest import configure_worker, enqueue_many
+from support import eventually
+from support.plans import nodes, plan_of
 
 
 def stats(conn):
@@ -66,7 +66,6 @@ def test_stats_read_only_live_rows_through_indexes(db):
     db.execute("VACUUM ANALYZE outbox")
     db.execute("VACUUM ANALYZE outbox_delivery")
     plan = plan_of(db, "SELECT * FROM outbox_stats()", "GROUPING SETS")["Plan"]
-    kinds = [n["Node Type"] for n in nodes(plan)]
     # (The subscriptions are a handful of rows: read whole.)
     scanned = [(n.get("Relation Name"), n.get("Filter")) for n in nodes(plan) if n["Node Type"] == "Seq Scan"]
     assert all(relation == "outbox_subscription" for relation, _ in scanned), scanned
@@ -146,15 +145,13 @@ def test_purge_deletes_old_finished_rows_in_bounded_batches(db):
 
 
 def test_the_worker_purges_done_rows_past_the_retention(db):
-    from test_worker import configure, eventually
-
     db.execute(
         """INSERT INTO outbox (topic, payload, status, attempts, processed_at)
            SELECT 'booking.created', '{}', 'DONE', 1, now() - interval '1 hour' FROM generate_series(1, 50)"""
     )
     enqueue_many(db, 3)
     try:
-        configure({"outbox.retention": "2s"})
+        configure_worker({"outbox.retention": "2s"})
         eventually(
             lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 0,
             timeout=90,

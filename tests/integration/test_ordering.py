@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import connect
+from conftest import configure_worker, connect
 from support import eventually
 
 
@@ -234,8 +234,6 @@ def test_four_consumers_keep_every_key_in_order_through_failures(db):
 
 # -- the delivery worker: order per key and endpoint ---------------------------------------
 
-from test_deliveries import fast_worker, receivers  # noqa: E402,F401  (fixtures)
-
 
 def test_the_worker_delivers_each_key_in_order_to_each_endpoint_through_random_failures(fast_worker, receivers):
     db = fast_worker
@@ -251,9 +249,7 @@ def test_the_worker_delivers_each_key_in_order_to_each_endpoint_through_random_f
     flaky.answer_with(sometimes_failing)
     db.execute("SELECT outbox_subscribe('booking.created', %s)", (flaky.url,))
     db.execute("SELECT outbox_subscribe('booking.created', %s)", (steady.url,))
-    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-        admin.execute("ALTER SYSTEM SET outbox.max_attempts = 50")
-        admin.execute("SELECT pg_reload_conf()")
+    configure_worker({"outbox.max_attempts": "50"})
     keys, per_key = 10, 15
     for n in range(per_key):
         for k in range(keys):

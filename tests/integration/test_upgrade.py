@@ -4,7 +4,6 @@ upgrade script is put on disk by the ordinary install; a released script never c
 
 import hashlib
 import pathlib
-import re
 import subprocess
 import tomllib
 
@@ -13,8 +12,8 @@ import os
 import psycopg
 import pytest
 
-from conftest import DATABASE, pg_program
-from support import EVERY_STATE, eventually
+from conftest import pg_program
+from support import EVERY_STATE, STATE, eventually, fresh_database
 from support.receiver import Receiver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -57,15 +56,6 @@ SELECT 'initial privileges ' || pg_describe_object(i.classoid, i.objoid, i.objsu
   JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'outbox_ext'
 ORDER BY 1
 """
-
-STATE = "SELECT id, public_id, topic, payload, status, attempts, last_error, dedupe_key, lease_token IS NOT NULL FROM outbox ORDER BY id"
-
-
-def fresh_database(name):
-    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {name}")
-    return psycopg.connect(dbname=name, autocommit=True)
 
 
 def test_the_upgrade_script_is_generated_from_the_current_sources():

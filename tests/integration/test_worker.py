@@ -4,17 +4,16 @@ cluster (preloaded, serving the test database), and the outcomes recorded in the
 import json
 import os
 import signal
-import sys
 import time
 import pathlib
 import uuid
-from datetime import datetime, timezone
 
 import psycopg
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from conftest import connect
+from conftest import configure_worker, connect
+from support import eventually
 
 from support.receiver import Receiver
 
@@ -31,25 +30,6 @@ WORKER_SETTINGS = {
 }
 
 
-def configure(settings: dict):
-    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-        for name, value in settings.items():
-            admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-        admin.execute("SELECT pg_reload_conf()")
-    time.sleep(0.5)  # the worker applies a reload at its next wake-up (at most a poll away)
-
-
-def eventually(check, timeout=20.0, interval=0.05, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 def worker_pid(conn):
     row = conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_ext delivery worker' AND datname = current_database()"
@@ -60,7 +40,7 @@ def worker_pid(conn):
 @pytest.fixture()
 def worker(db):
     """The test database with the extension and a worker that serves it."""
-    configure(WORKER_SETTINGS)
+    configure_worker(WORKER_SETTINGS)
     eventually(lambda: worker_pid(db), what="the delivery worker")
     # The worker notices a (re)created extension at its next poll.
     eventually(
@@ -155,7 +135,7 @@ def test_a_503_then_a_200_is_delivered_on_the_retry(worker, receiver):
 
 
 def test_an_endpoint_that_always_fails_dead_letters_the_message(worker, receiver):
-    configure({"outbox.max_attempts": "3"})
+    configure_worker({"outbox.max_attempts": "3"})
     worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
     receiver.answer_by_default(500, body=b"internal error: template missing " + b"x" * 5000)
     message_id, _ = enqueue(worker)
@@ -174,7 +154,7 @@ def test_an_endpoint_that_always_fails_dead_letters_the_message(worker, receiver
 def test_deliveries_reuse_their_connections(worker, receiver):
     """Each answer is read to its end, so its connection goes back to the worker's pool: a
     stream of deliveries needs about max_in_flight connections, not one each."""
-    configure({"outbox.max_in_flight": "2"})
+    configure_worker({"outbox.max_in_flight": "2"})
     worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
     receiver.answer_by_default(200, body=b'{"received": true}')
     ids = [enqueue(worker)[0] for _ in range(40)]
@@ -206,7 +186,7 @@ def test_a_topic_nobody_subscribes_to_stays_pending_and_is_reported(worker, rece
 
 def test_a_committed_enqueue_wakes_an_idle_worker(worker, receiver):
     """With a 30 s poll interval only the wake-up at commit explains a prompt delivery."""
-    configure({"outbox.poll_interval": "30s"})
+    configure_worker({"outbox.poll_interval": "30s"})
     worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
     time.sleep(0.5)  # let the worker go idle on its long poll
     latencies = []
@@ -220,13 +200,13 @@ def test_a_committed_enqueue_wakes_an_idle_worker(worker, receiver):
 
 def test_a_reload_applies_the_worker_settings(worker, receiver):
     worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
-    configure({"outbox.worker_enabled": "off"})
+    configure_worker({"outbox.worker_enabled": "off"})
     eventually(lambda: worker.execute("SELECT state FROM outbox_worker_status() WHERE database = current_database()").fetchone()[0].startswith("disabled"))
     message_id, _ = enqueue(worker)
     time.sleep(1.5)
     assert receiver.requests == [] and message(worker, message_id)[:2] == ("PENDING", 0)
 
-    configure({"outbox.worker_enabled": "on"})
+    configure_worker({"outbox.worker_enabled": "on"})
     eventually(status_is(worker, message_id, "DONE"), what="delivery after re-enabling")
 
 

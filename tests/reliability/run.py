@@ -9,10 +9,10 @@ any check failed.
 """
 
 import argparse
-import json
 import os
 import pathlib
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +22,8 @@ import time
 import psycopg
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
-from bench import PG_BIN, Cluster  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # run as a script: the shared test support
+from support.cluster import ScratchCluster, pg_program  # noqa: E402
 from support.receiver import Receiver  # noqa: E402
 
 DATABASE = "outbox_reliability"
@@ -91,6 +90,29 @@ def enqueue(cluster, n, topic="booking.created"):
         conn.execute(
             "SELECT count(*) FROM outbox_enqueue_batch(%s, ARRAY(SELECT jsonb_build_object('n', g) FROM generate_series(1, %s) g))",
             (topic, n))
+
+
+class Cluster(ScratchCluster):
+    """The suite's scratch cluster: CONF, and the database DATABASE with the extension and the
+    SETUP tables; connect() goes there, and pgbench finds it through PGHOST/PGPORT/PGUSER."""
+
+    def __init__(self, port: int):
+        super().__init__(port, CONF)
+
+    def start(self):
+        super().start()
+        os.environ.update(PGHOST="127.0.0.1", PGPORT=str(self.port), PGUSER="postgres")
+        self.create_database(DATABASE)
+        with self.connect() as conn:
+            conn.execute(SETUP)
+        return self
+
+    def connect(self, dbname: str = DATABASE, **kwargs) -> psycopg.Connection:
+        return super().connect(dbname, **kwargs)
+
+    def stop(self):
+        super().stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def worker_pid(cluster):
@@ -357,7 +379,7 @@ def million_exactly_once(cluster, scale):
     script = pathlib.Path("/tmp/outbox_ext-reliability-drain.sql")
     script.write_text(DRAIN_ONCE)
     while count(cluster, "SELECT count(*) FROM outbox WHERE status = 'PENDING'") > 0:
-        subprocess.run([PG_BIN / "pgbench", "-n", "-c", "8", "-j", "2", "-T", "10", "-f", script, DATABASE],
+        subprocess.run([pg_program("pgbench"), "-n", "-c", "8", "-j", "2", "-T", "10", "-f", script, DATABASE],
                        check=True, capture_output=True)
     with cluster.connect() as conn:
         handled, distinct = conn.execute("SELECT count(*), count(DISTINCT message_id) FROM handled").fetchone()
@@ -383,9 +405,9 @@ def soak(cluster, scale, receiver):
     seconds = scale.soak_seconds
     # booking.created is drained by SQL consumers; invoice.paid goes through the worker.
     runs = [
-        subprocess.Popen([PG_BIN / "pgbench", "-n", "-c", "2", "-R", "800", "-T", str(seconds), "-f", produce, DATABASE],
+        subprocess.Popen([pg_program("pgbench"), "-n", "-c", "2", "-R", "800", "-T", str(seconds), "-f", produce, DATABASE],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-        subprocess.Popen([PG_BIN / "pgbench", "-n", "-c", "2", "-R", "20", "-T", str(seconds), "-f", consume, DATABASE],
+        subprocess.Popen([pg_program("pgbench"), "-n", "-c", "2", "-R", "20", "-T", str(seconds), "-f", consume, DATABASE],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
     ]
     windows, memory = [], []
@@ -457,7 +479,7 @@ def main():
     parser.add_argument("--only", nargs="*", help="run only these (hostile consumers worker server receiver locked million soak)")
     args = parser.parse_args()
     scale = Scale(args.short)
-    cluster = Cluster(args.port, DATABASE, CONF, SETUP)
+    cluster = Cluster(args.port)
     receiver = Receiver()
     rows = []
     scenarios = [

@@ -78,3 +78,15 @@ INSERT INTO outbox (topic, payload, status, attempts, available_at, processed_at
     ('booking.created', '{"state": "dead"}',         'DEAD',    8, clock_timestamp(), clock_timestamp(), 'HTTP 500: boom', 'k5', NULL),
     ('reminder.due',    '{"state": "delayed", "ü": "ß"}', 'PENDING', 0, clock_timestamp() + interval '1 day', NULL, NULL, NULL, NULL)
 """
+
+
+# What a database's messages are, row by row: compared before and after an update, a dump
+# and restore, a pg_upgrade.
+STATE = "SELECT id, public_id, topic, payload, status, attempts, last_error, dedupe_key, lease_token IS NOT NULL FROM outbox ORDER BY id"
+
+
+def fresh_database(name):
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}")
+    return psycopg.connect(dbname=name, autocommit=True)
