@@ -465,21 +465,12 @@ def protections(cluster, receiver, s):
         cluster.configure(max_in_flight=8)
         for round_ in range(s.drain_rounds):
             for name, rate_limit, max_in_flight in (variants if round_ % 2 == 0 else variants[::-1]):
-                cluster.configure(worker_enabled="off")
                 conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
                 conn.execute(f"SELECT outbox_subscribe('booking.created', %s, rate_limit => {rate_limit}, "
                              f"max_in_flight => {max_in_flight})", (receiver.url,))
-                conn.execute("INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, %s)",
-                             (PAYLOAD, s.delivery_messages))
-                conn.execute("VACUUM ANALYZE outbox")
-                cluster.configure(worker_enabled="on")
-                started = time.monotonic()
-                while done_count(conn, "outbox") < s.delivery_messages:
-                    if time.monotonic() - started > 600:
-                        raise RuntimeError("the worker did not drain the backlog in 10 minutes")
-                    time.sleep(0.05)
-                span = conn.execute("SELECT extract(epoch FROM max(processed_at) - min(processed_at)) FROM outbox").fetchone()[0]
-                rates[name].append((s.delivery_messages - 1) / float(span))
+                start_backlog(cluster, conn, s.delivery_messages)
+                wait_for_count(conn, "SELECT count(*) FROM outbox WHERE status = 'DONE'", s.delivery_messages, "the drain")
+                rates[name].append(settled_rate(conn, s.delivery_messages))
         conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
     mean = {name: statistics.mean(values) for name, values in rates.items()}
     return {"default_per_s": mean["default"], "limits_per_s": mean["limits set"], "ratio": mean["limits set"] / mean["default"]}
@@ -579,6 +570,114 @@ def delivery(cluster, receiver, s):
     return rows
 
 
+class Hanging:
+    """An endpoint that accepts connections and never answers (the worker's timeout ends each
+    request)."""
+
+    def __init__(self):
+        import socket
+
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(64)
+        self.held = []
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}/hook"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:
+                return
+            self.held.append(connection)
+
+    def stop(self):
+        self.server.close()
+        for connection in self.held:
+            connection.close()
+
+
+def start_backlog(cluster, conn, messages):
+    """`messages` ready messages for the worker, put there while it is off, then it is on."""
+    cluster.configure(worker_enabled="off")
+    conn.execute("TRUNCATE outbox CASCADE")
+    conn.execute("INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, %s)",
+                 (PAYLOAD, messages))
+    conn.execute("VACUUM ANALYZE outbox")
+    cluster.configure(worker_enabled="on")
+
+
+def wait_for_count(conn, query, goal, what):
+    started = time.monotonic()
+    while conn.execute(query).fetchone()[0] < goal:
+        if time.monotonic() - started > 600:
+            raise RuntimeError(f"{what} did not happen in 10 minutes")
+        time.sleep(0.05)
+
+
+def answered_rate(conn):
+    """Deliveries answered 200 per second, from the first request to the last answer."""
+    delivered, span = conn.execute(
+        """SELECT count(*), extract(epoch FROM max(a.started_at + a.duration) - min(a.started_at))
+             FROM outbox_delivery_attempt a WHERE a.http_status = 200""").fetchone()
+    return (delivered - 1) / float(span)
+
+
+def settled_rate(conn, messages):
+    """Messages settled (DONE) per second, from the first to the last."""
+    span = conn.execute("SELECT extract(epoch FROM max(processed_at) - min(processed_at)) FROM outbox").fetchone()[0]
+    return (messages - 1) / float(span)
+
+
+def fan_out(cluster, receiver, s):
+    """10. Fan-out through the worker (8 in flight, to nginx): deliveries/s with 1, 2 and 4
+    endpoints per topic; with 4 of which one hangs (its timeout 1 s), the healthy ones' rate;
+    and the attempt log's cost: 1 endpoint with the log discarded by a trigger, beside the same
+    with it, rounds alternating."""
+    messages = s.delivery_messages // 2
+    rates = {}
+    subscribe = lambda urls: [conn.execute("SELECT outbox_subscribe('booking.created', %s)", (url,)) for url in urls]
+    with cluster.connect() as conn:
+        cluster.configure(max_in_flight=8, http_timeout="1s")
+        for endpoints in (1, 2, 4):
+            conn.execute("TRUNCATE outbox_subscription CASCADE")
+            subscribe(f"{receiver.url}/{n}" for n in range(endpoints))
+            start_backlog(cluster, conn, messages)
+            wait_for_count(conn, "SELECT count(*) FROM outbox WHERE status = 'DONE'", messages, "the fan-out")
+            rates[f"{endpoints} endpoint(s)"] = answered_rate(conn)
+        hanging = Hanging()
+        try:
+            conn.execute("TRUNCATE outbox_subscription CASCADE")
+            subscribe([*(f"{receiver.url}/{n}" for n in range(3)), hanging.url])
+            start_backlog(cluster, conn, messages)
+            # (The messages end only once the hanging endpoint's deliveries are dead.)
+            wait_for_count(conn, "SELECT count(*) FROM outbox_delivery WHERE status = 'DONE'", 3 * messages,
+                           "the healthy endpoints' deliveries")
+            rates["4 endpoints, 1 of them hanging (the 3 healthy ones)"] = answered_rate(conn)
+        finally:
+            hanging.stop()
+        conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
+        subscribe([receiver.url])
+        conn.execute("CREATE OR REPLACE FUNCTION bench_discard() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$")
+        logged = {True: [], False: []}
+        for round_ in range(s.drain_rounds):
+            for with_log in ((True, False) if round_ % 2 == 0 else (False, True)):
+                conn.execute("DROP TRIGGER IF EXISTS bench_discard ON outbox_delivery_attempt")
+                if not with_log:
+                    conn.execute("CREATE TRIGGER bench_discard BEFORE INSERT ON outbox_delivery_attempt "
+                                 "FOR EACH ROW EXECUTE FUNCTION bench_discard()")
+                start_backlog(cluster, conn, messages)
+                wait_for_count(conn, "SELECT count(*) FROM outbox WHERE status = 'DONE'", messages, "the drain")
+                logged[with_log].append(settled_rate(conn, messages))
+        conn.execute("DROP TRIGGER IF EXISTS bench_discard ON outbox_delivery_attempt")
+        conn.execute("DROP FUNCTION bench_discard()")
+        conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
+        cluster.configure(http_timeout="5s")
+    with_log, without_log = statistics.mean(logged[True]), statistics.mean(logged[False])
+    return {"rates": rates, "with_log_per_s": with_log, "without_log_per_s": without_log, "log_ratio": with_log / without_log}
+
+
 def latency(cluster, receiver, s):
     """6. From the enqueueing transaction's commit to the receiver, idle worker."""
     committed = {}
@@ -615,8 +714,8 @@ def machine():
 
 
 def report(results, s, path_md, path_png):
-    e, d, f, l, w, t, c, o, p = (results[k] for k in
-                                 ("enqueue", "drain", "flat", "long_txn", "delivery", "latency", "churn", "ordering", "protections"))
+    e, d, f, l, w, t, c, o, p, fo = (results[k] for k in ("enqueue", "drain", "flat", "long_txn", "delivery", "latency", "churn",
+                                                       "ordering", "protections", "fan_out"))
     cores = os.cpu_count()
     # CPU seconds per message of the cheapest drain of part 2 (SQL only, no HTTP).
     database_cpu = min(r[f"{v}_cpu_busy"] * cores / r[f"{v}_per_s"] for r in d for v in ("essay", "no_lease"))
@@ -700,6 +799,15 @@ def report(results, s, path_md, path_png):
         f"Default subscription {p['default_per_s']:.0f} deliveries/s; with a rate limit and max_in_flight that never bind "
         f"{p['limits_per_s']:.0f}/s: **{p['ratio']:.2f}** (goal: within 5%). The SSRF guard judges every connection in both.",
         "",
+        "## 10. Fan-out through the worker (8 in flight, to nginx)",
+        "",
+        "| endpoints per topic | deliveries/s |",
+        "|---|---|",
+        *[f"| {name} | {rate:.0f} |" for name, rate in fo["rates"].items()],
+        "",
+        f"The attempt log: {fo['with_log_per_s']:.0f} messages/s with it, {fo['without_log_per_s']:.0f}/s with its rows discarded "
+        f"by a trigger: **{fo['log_ratio']:.2f}** (goal: within 10%).",
+        "",
     ]
     path_md.write_text("\n".join(lines))
 
@@ -749,7 +857,7 @@ def main():
     parser.add_argument("--port", type=int, default=25390)
     parser.add_argument("--receiver-port", type=int, default=25391)
     parser.add_argument("--output", type=pathlib.Path, default=BENCH / "results")
-    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections)")
+    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections fan_out)")
     args = parser.parse_args()
     s = Settings(args.smoke)
     cluster, receiver = Cluster(args.port), Nginx(args.receiver_port)
@@ -764,6 +872,7 @@ def main():
         ("churn", lambda: churn(cluster, s)),
         ("ordering", lambda: ordering(cluster, s)),
         ("protections", lambda: protections(cluster, receiver, s)),
+        ("fan_out", lambda: fan_out(cluster, receiver, s)),
     ]
     try:
         cluster.start()
