@@ -115,6 +115,7 @@ pub fn check_headers(headers: &serde_json::Value) -> Result<(), Problem> {
 /// # Safety
 /// `datum` must be a jsonb datum.
 pub unsafe fn jsonb_text(datum: pg_sys::Datum) -> String {
+    // SAFETY: as the caller promises, a jsonb datum; jsonb_out returns a palloc'd C string.
     unsafe {
         let shown = pgrx::direct_function_call::<pg_sys::Datum>(pg_sys::jsonb_out, &[Some(datum)]).expect("jsonb_out returns text");
         text::from_server(CStr::from_ptr(shown.cast_mut_ptr()).to_bytes())

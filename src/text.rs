@@ -57,6 +57,8 @@ pub fn from_server(bytes: &[u8]) -> String {
 /// `datum` must be a non-NULL datum of a varlena type; the slice lives as long as the memory
 /// context the datum (or its detoasted copy) was allocated in.
 pub unsafe fn datum_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
+    // SAFETY: as the caller promises, a varlena datum: detoasted (or used as it is), its header
+    // gives the length of the data that follows it.
     unsafe {
         let varlena = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
         let length = pgrx::varlena::varsize_any_exhdr(varlena);
@@ -69,6 +71,7 @@ pub unsafe fn datum_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
 /// # Safety
 /// As for [`datum_bytes`].
 pub unsafe fn from_datum(datum: pg_sys::Datum) -> String {
+    // SAFETY: as the caller promises.
     from_server(unsafe { datum_bytes(datum) })
 }
 
