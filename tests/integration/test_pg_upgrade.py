@@ -129,7 +129,7 @@ SNAPSHOT = {
     "privileges": """SELECT has_table_privilege('outbox_pgu_monitor', 'outbox_monitoring', 'SELECT'),
                             has_table_privilege('outbox_pgu_monitor', 'outbox_dead_letters', 'SELECT'),
                             has_table_privilege('outbox_pgu_monitor', 'outbox', 'SELECT'),
-                            has_function_privilege('outbox_pgu_app', 'outbox_enqueue(text, jsonb, interval, text)', 'EXECUTE'),
+                            has_function_privilege('outbox_pgu_app', 'outbox_enqueue(text, jsonb, interval, text, text, jsonb)', 'EXECUTE'),
                             has_function_privilege('outbox_pgu_app', 'outbox_claim(integer, text[], interval)', 'EXECUTE'),
                             has_function_privilege('outbox_pgu_monitor', 'outbox_claim(integer, text[], interval)', 'EXECUTE')""",
 }
@@ -168,10 +168,11 @@ def populate(conn, receiver_url: str) -> dict:
                     VALUES ('audit.logged', '{"n": "done after an error"}', 'DONE', 2, clock_timestamp(),
                             clock_timestamp(), 'HTTP 504: timeout', 'done-with-error')""")
 
-    # Subscriptions with secrets: disabled ones, which nothing delivers to, and one enabled to
-    # the receiver (delivery is paused until the end of the test).
+    # Subscriptions with secrets: disabled ones (of topics with no pending message: a disabled
+    # endpoint's deliveries are parked), and one enabled to the receiver (delivery is paused
+    # until the end of the test).
     secret = conn.execute("SELECT outbox_generate_secret()").fetchone()[0]
-    conn.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/a', outbox_generate_secret(), "
+    conn.execute("SELECT outbox_subscribe('archive.exported', 'https://hooks.example.test/a', outbox_generate_secret(), "
                  "'{\"X-Team\": \"7\"}', interval '5 seconds', enabled => false)")
     disabled = conn.execute("SELECT outbox_subscribe('audit.logged', 'https://hooks.example.test/b', outbox_generate_secret(), "
                             "enabled => false)").fetchone()[0]
