@@ -33,6 +33,7 @@ mod sleep;
 
 pub use registry::wake_worker_at_commit as wake_at_commit;
 
+use crate::backend::shutdown_requested;
 use crate::fmgr::{sql_function, SetResult};
 use crate::settings::{self, WorkerSettings};
 use crate::spi::Spi;
@@ -75,8 +76,6 @@ pub extern "C-unwind" fn outbox_worker_main(argument: pg_sys::Datum) {
     // SAFETY: ends the process the normal way.
     unsafe { pg_sys::proc_exit(0) };
 }
-
-use crate::backend::shutdown_requested;
 
 fn reload_requested() -> bool {
     pgrx::bgworkers::BackgroundWorker::sighup_received()
