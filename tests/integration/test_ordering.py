@@ -175,7 +175,7 @@ def test_four_consumers_keep_every_key_in_order_through_failures(db):
     for message_id, key in db.execute("SELECT id, ordering_key FROM outbox ORDER BY id"):
         expected.setdefault(key, []).append(message_id)
 
-    log = []  # (key, message id, held from, held until, outcome), from every consumer
+    log = []  # (key, message id, held from, held until, outcome, consumer), from every consumer
     log_lock = threading.Lock()
     done = threading.Event()
     errors = []
@@ -203,7 +203,7 @@ def test_four_consumers_keep_every_key_in_order_through_failures(db):
                         else:
                             assert conn.execute("SELECT outbox_complete(%s, %s)", (message_id, token)).fetchone()[0]
                         with log_lock:
-                            log.append((key, message_id, held_from, held_until, "failed" if failing else "done"))
+                            log.append((key, message_id, held_from, held_until, "failed" if failing else "done", seed))
         except Exception as error:  # reported by the test thread
             errors.append(error)
             done.set()
@@ -217,7 +217,7 @@ def test_four_consumers_keep_every_key_in_order_through_failures(db):
     assert not any(thread.is_alive() for thread in threads), "the consumers did not drain the queue"
 
     completions, holds = {}, {}
-    for key, message_id, held_from, held_until, outcome in sorted(log, key=lambda entry: entry[3]):
+    for key, message_id, held_from, held_until, outcome, _ in sorted(log, key=lambda entry: entry[3]):
         if outcome == "done":
             completions.setdefault(key, []).append(message_id)
         holds.setdefault(key, []).append((held_from, held_until, message_id))
@@ -228,8 +228,9 @@ def test_four_consumers_keep_every_key_in_order_through_failures(db):
         intervals.sort()
         for (_, earlier_until, earlier), (later_from, _, later) in zip(intervals, intervals[1:]):
             assert later_from >= earlier_until, f"{key}: {later} was held while {earlier} still was"
-    # The keys went in parallel: more than one consumer completed messages.
+    # Every message was handled, and the keys went in parallel: every consumer completed some.
     assert len({entry[1] for entry in log}) == keys * per_key
+    assert {entry[5] for entry in log if entry[4] == "done"} == {0, 1, 2, 3}
 
 
 # -- the delivery worker: order per key and endpoint ---------------------------------------
