@@ -254,6 +254,19 @@ def pgbench(script: str, clients: int, seconds: int, variables=None, options: st
     return tps, latency
 
 
+def truncate(conn, tables):
+    """TRUNCATE … CASCADE, retried when it deadlocks with the delivery worker (some of whose
+    statements lock the delivery table before the message table; TRUNCATE goes the other way)."""
+    for attempt in range(10):
+        try:
+            conn.execute(f"TRUNCATE {tables} CASCADE")
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == 9:
+                raise
+            time.sleep(0.2)
+
+
 def enqueue_cost(cluster, s):
     """1. outbox_enqueue vs a plain INSERT (and the essay's insert, and the batch path), 8 clients."""
     targets = (("plain", "plain_queue", 1), ("minimal", "minimal_outbox", 1), ("essay", "essay_outbox", 1),
@@ -264,7 +277,7 @@ def enqueue_cost(cluster, s):
         for _ in range(s.enqueue_rounds):
             for name, table, per_statement in targets:
                 with cluster.connect() as conn:
-                    conn.execute(f"TRUNCATE {table} CASCADE")
+                    truncate(conn, table)
                     conn.execute("CHECKPOINT")
                 tps = pgbench(f"enqueue_{name}.sql", 8, s.enqueue_seconds, options=f"-c synchronous_commit={synchronous_commit}")[0]
                 rates[name].append(tps * per_statement)
@@ -340,7 +353,7 @@ def drain_throughput(cluster, s):
                 "essay_cpu_busy": statistics.mean(busy["essay"]), "no_lease_cpu_busy": statistics.mean(busy["no_lease"]),
                 "ratio": rates["no_lease"] / rates["essay"], "lease_ratio": rates["lease"] / rates["essay"],
             })
-        conn.execute("TRUNCATE outbox, essay_outbox CASCADE")
+        truncate(conn, "outbox, essay_outbox")
     return rows
 
 
@@ -352,7 +365,7 @@ def flat_cost(cluster, s):
         return pgbench("drain_outbox.sql", 1, s.flat_seconds, {"batch": 10})[1]
 
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox CASCADE")
+        truncate(conn, "outbox")
         top_up(conn, "outbox", 50_000)
         empty_before = measure()
         conn.execute(
@@ -363,7 +376,7 @@ def flat_cost(cluster, s):
         history = measure()
         top_up(conn, "outbox", 50_000)  # deletes the DONE rows, vacuums
         empty_after = measure()
-        conn.execute("TRUNCATE outbox CASCADE")
+        truncate(conn, "outbox")
     empty = (empty_before + empty_after) / 2
     return {"history_rows": s.history_rows, "latency_ms_empty": empty, "latency_ms_history": history,
             "latency_ms_empty_before": empty_before, "latency_ms_empty_after": empty_after, "ratio": history / empty}
@@ -376,7 +389,7 @@ def long_transaction(cluster, s):
     total = before + during + after
     samples = []
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox CASCADE")
+        truncate(conn, "outbox")
         conn.execute("VACUUM ANALYZE outbox")
     producer = threading.Thread(target=pgbench, args=("produce_paced.sql", 4, total), kwargs={"rate": s.long_txn_rate})
     consumer = threading.Thread(target=pgbench, args=("drain_outbox.sql", 2, total, {"batch": 20}))
@@ -413,7 +426,7 @@ def long_transaction(cluster, s):
     phases = {"before": phase(0, before), "during": phase(before, before + during), "after": phase(before + during, total)}
     phases["dip"] = 1 - phases["during"]["done_per_s"] / phases["before"]["done_per_s"]
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox CASCADE")
+        truncate(conn, "outbox")
     return phases
 
 
@@ -428,7 +441,7 @@ def churn(cluster, s):
     rows = []
     for name in ("default", "tuned"):
         with cluster.connect() as conn:
-            conn.execute("TRUNCATE outbox CASCADE")
+            truncate(conn, "outbox")
             if name == "default":
                 conn.execute(f"ALTER TABLE outbox RESET ({', '.join(tuned)})")
             else:
@@ -450,7 +463,7 @@ def churn(cluster, s):
         rows.append({"settings": name, "table_mb": float(table_mb), "indexes_mb": float(indexes_mb), "dead_tuples": dead})
     with cluster.connect() as conn:
         conn.execute(f"ALTER TABLE outbox SET ({', '.join(installed)})")
-        conn.execute("TRUNCATE outbox CASCADE")
+        truncate(conn, "outbox")
     return rows
 
 
@@ -465,13 +478,13 @@ def protections(cluster, receiver, s):
         cluster.configure(max_in_flight=8)
         for round_ in range(s.drain_rounds):
             for name, rate_limit, max_in_flight in (variants if round_ % 2 == 0 else variants[::-1]):
-                conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
+                truncate(conn, "outbox, outbox_subscription")
                 conn.execute(f"SELECT outbox_subscribe('booking.created', %s, rate_limit => {rate_limit}, "
                              f"max_in_flight => {max_in_flight})", (receiver.url,))
                 start_backlog(cluster, conn, s.delivery_messages)
                 wait_for_count(conn, "SELECT count(*) FROM outbox WHERE status = 'DONE'", s.delivery_messages, "the drain")
                 rates[name].append(settled_rate(conn, s.delivery_messages))
-        conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
+        truncate(conn, "outbox, outbox_subscription")
     mean = {name: statistics.mean(values) for name, values in rates.items()}
     return {"default_per_s": mean["default"], "limits_per_s": mean["limits set"], "ratio": mean["limits set"] / mean["default"]}
 
@@ -484,7 +497,7 @@ def ordering(cluster, s):
     for round_ in range(s.enqueue_rounds):
         for name in (("plain", "keyed") if round_ % 2 == 0 else ("keyed", "plain")):
             with cluster.connect() as conn:
-                conn.execute("TRUNCATE outbox CASCADE")
+                truncate(conn, "outbox")
                 conn.execute("CHECKPOINT")
             script = "enqueue_outbox.sql" if name == "plain" else "enqueue_outbox_keyed.sql"
             enqueue[name].append(pgbench(script, 8, s.enqueue_seconds)[0])
@@ -493,7 +506,7 @@ def ordering(cluster, s):
     with cluster.connect() as conn:
         for round_ in range(s.drain_rounds):
             for name, keys in (variants if round_ % 2 == 0 else variants[::-1]):
-                conn.execute("TRUNCATE outbox CASCADE")
+                truncate(conn, "outbox")
                 # As enqueued: per key, the first message claimable and the rest waiting behind it.
                 conn.execute(
                     """INSERT INTO outbox (topic, payload, available_at, ordering_key, waiting_for)
@@ -507,7 +520,7 @@ def ordering(cluster, s):
                 started = time.monotonic()
                 pgbench("drain_outbox.sql", 4, s.drain_seconds, {"batch": 100})
                 drained[name].append(done_count(conn, "outbox") / (time.monotonic() - started))
-        conn.execute("TRUNCATE outbox CASCADE")
+        truncate(conn, "outbox")
     enqueue_rates = {k: statistics.mean(v) for k, v in enqueue.items()}
     drain_rates = {k: statistics.mean(v) for k, v in drained.items()}
     return {
@@ -548,7 +561,7 @@ def delivery(cluster, receiver, s):
         conn.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
         for in_flight in s.delivery_in_flight:
             cluster.configure(worker_enabled="off", max_in_flight=in_flight)
-            conn.execute("TRUNCATE outbox CASCADE")
+            truncate(conn, "outbox")
             conn.execute(
                 "INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, %s)",
                 (PAYLOAD, s.delivery_messages))
@@ -566,7 +579,7 @@ def delivery(cluster, receiver, s):
             rows.append({"in_flight": in_flight, "worker_per_s": worker_rate, "wrk_per_s": generator,
                          "wrk_cpu_busy": generator_cpu_busy, "ratio": worker_rate / generator})
         cluster.configure(worker_enabled="on", max_in_flight=8)
-        conn.execute("TRUNCATE outbox CASCADE")
+        truncate(conn, "outbox")
     return rows
 
 
@@ -601,7 +614,7 @@ class Hanging:
 def start_backlog(cluster, conn, messages):
     """`messages` ready messages for the worker, put there while it is off, then it is on."""
     cluster.configure(worker_enabled="off")
-    conn.execute("TRUNCATE outbox CASCADE")
+    truncate(conn, "outbox")
     conn.execute("INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, %s)",
                  (PAYLOAD, messages))
     conn.execute("VACUUM ANALYZE outbox")
@@ -641,14 +654,14 @@ def fan_out(cluster, receiver, s):
     with cluster.connect() as conn:
         cluster.configure(max_in_flight=8, http_timeout="1s")
         for endpoints in (1, 2, 4):
-            conn.execute("TRUNCATE outbox_subscription CASCADE")
+            truncate(conn, "outbox_subscription")
             subscribe(f"{receiver.url}/{n}" for n in range(endpoints))
             start_backlog(cluster, conn, messages)
             wait_for_count(conn, "SELECT count(*) FROM outbox WHERE status = 'DONE'", messages, "the fan-out")
             rates[f"{endpoints} endpoint(s)"] = answered_rate(conn)
         hanging = Hanging()
         try:
-            conn.execute("TRUNCATE outbox_subscription CASCADE")
+            truncate(conn, "outbox_subscription")
             subscribe([*(f"{receiver.url}/{n}" for n in range(3)), hanging.url])
             start_backlog(cluster, conn, messages)
             # (The messages end only once the hanging endpoint's deliveries are dead.)
@@ -657,7 +670,7 @@ def fan_out(cluster, receiver, s):
             rates["4 endpoints, 1 of them hanging (the 3 healthy ones)"] = answered_rate(conn)
         finally:
             hanging.stop()
-        conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
+        truncate(conn, "outbox, outbox_subscription")
         subscribe([receiver.url])
         conn.execute("CREATE OR REPLACE FUNCTION bench_discard() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$")
         logged = {True: [], False: []}
@@ -672,7 +685,7 @@ def fan_out(cluster, receiver, s):
                 logged[with_log].append(settled_rate(conn, messages))
         conn.execute("DROP TRIGGER IF EXISTS bench_discard ON outbox_delivery_attempt")
         conn.execute("DROP FUNCTION bench_discard()")
-        conn.execute("TRUNCATE outbox, outbox_subscription CASCADE")
+        truncate(conn, "outbox, outbox_subscription")
         cluster.configure(http_timeout="5s")
     with_log, without_log = statistics.mean(logged[True]), statistics.mean(logged[False])
     return {"rates": rates, "with_log_per_s": with_log, "without_log_per_s": without_log, "log_ratio": with_log / without_log}
@@ -682,7 +695,7 @@ def latency(cluster, receiver, s):
     """6. From the enqueueing transaction's commit to the receiver, idle worker."""
     committed = {}
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox CASCADE")
+        truncate(conn, "outbox")
         time.sleep(1.5)
         for _ in range(s.latency_messages):
             with conn.transaction():
