@@ -66,7 +66,7 @@ class ScratchCluster:
         return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname, autocommit=True, **kwargs)
 
     def create_database(self, name: str, extension: bool = True):
-        with self.connect() as admin:
+        with self.connect("postgres") as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             admin.execute(f'CREATE DATABASE "{name}"')
         if extension:
@@ -75,12 +75,12 @@ class ScratchCluster:
 
     def configure(self, **settings):
         """ALTER SYSTEM + reload, as an operator changes the worker's settings."""
-        with self.connect() as conn:
+        with self.connect("postgres") as conn:
             for name, value in settings.items():
                 conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
             conn.execute("SELECT pg_reload_conf()")
 
     def worker_pids(self) -> dict:
         """Delivery workers by database."""
-        with self.connect() as conn:
+        with self.connect("postgres") as conn:
             return dict(conn.execute("SELECT datname, pid FROM pg_stat_activity WHERE backend_type = 'outbox_ext delivery worker'").fetchall())
