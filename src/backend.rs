@@ -17,6 +17,16 @@ pub fn database_id() -> pg_sys::Oid {
     unsafe { pg_sys::MyDatabaseId }
 }
 
+/// The name of database `oid`; None for a database that is gone.
+pub fn database_name(oid: pg_sys::Oid) -> Option<String> {
+    // SAFETY: get_database_name returns a palloc'd NUL-terminated name in the server's
+    // encoding, or NULL for an unknown oid.
+    unsafe {
+        let name = pg_sys::get_database_name(oid);
+        (!name.is_null()).then(|| crate::text::from_server(std::ffi::CStr::from_ptr(name).to_bytes()))
+    }
+}
+
 /// This process's pid, as PostgreSQL knows it.
 pub fn process_id() -> i32 {
     // SAFETY: a process global, written once at process start.

@@ -85,6 +85,15 @@ impl Args {
         self.datum(n).map(|datum| unsafe { text::datum_bytes(datum) })
     }
 
+    /// jsonb argument `n`, as its text (UTF-8).
+    pub fn jsonb_text(&self, n: usize) -> Option<String> {
+        // SAFETY: the argument is declared jsonb; jsonb_out returns a palloc'd C string.
+        self.datum(n).map(|datum| unsafe {
+            let shown = pgrx::direct_function_call::<pg_sys::Datum>(pg_sys::jsonb_out, &[Some(datum)]).expect("jsonb_out returns text");
+            text::from_server(std::ffi::CStr::from_ptr(shown.cast_mut_ptr()).to_bytes())
+        })
+    }
+
     pub fn interval(&self, n: usize) -> Option<Interval> {
         self.get::<Interval>(n)
     }

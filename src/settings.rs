@@ -225,25 +225,20 @@ unsafe fn check_string_setting(newval: *mut *mut c_char, check: impl Fn(&str) ->
     }
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn check_allowed_networks(
-    newval: *mut *mut c_char,
-    _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook.
-    unsafe { check_string_setting(newval, |value| destination::parse_allowed_networks(value).map(drop)) }
+/// Defines `$hook`, a string setting's check hook (#[pg_guard]ed) that judges values with
+/// `$check` through check_string_setting.
+macro_rules! string_check_hook {
+    ($hook:ident, $check:expr) => {
+        #[pg_guard]
+        unsafe extern "C-unwind" fn $hook(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+            // SAFETY: PostgreSQL calls a string check hook with `newval` as check_string_setting needs.
+            unsafe { check_string_setting(newval, $check) }
+        }
+    };
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn check_endpoint_disable_after(
-    newval: *mut *mut c_char,
-    _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    // SAFETY: called by PostgreSQL as a string check hook.
-    unsafe { check_string_setting(newval, |value| parse_duration(value).map(drop)) }
-}
+string_check_hook!(check_allowed_networks, |value| destination::parse_allowed_networks(value).map(drop));
+string_check_hook!(check_endpoint_disable_after, |value| parse_duration(value).map(drop));
 
 /// The networks `outbox.allowed_networks` opens (read by name: in a session whose library was
 /// not preloaded, the setting is only a placeholder).

@@ -3,12 +3,10 @@
 //! one definition of a valid endpoint.
 
 use crate::error::{or_raise, OutboxError, Problem};
-use crate::fmgr::{required, sql_function};
+use crate::fmgr::{required, sql_function, Args};
 use crate::settings;
-use crate::text;
 use crate::webhook::{self, destination};
 use pgrx::pg_sys;
-use std::ffi::CStr;
 
 /// Headers the worker sets itself, and hop-by-hop headers that belong to the connection: a
 /// subscription may not set them (in any case).
@@ -110,15 +108,12 @@ pub fn check_headers(headers: &serde_json::Value) -> Result<(), Problem> {
     Ok(())
 }
 
-/// A jsonb datum's text as UTF-8.
-///
-/// # Safety
-/// `datum` must be a jsonb datum.
-pub unsafe fn jsonb_text(datum: pg_sys::Datum) -> String {
-    // SAFETY: as the caller promises, a jsonb datum; jsonb_out returns a palloc'd C string.
-    unsafe {
-        let shown = pgrx::direct_function_call::<pg_sys::Datum>(pg_sys::jsonb_out, &[Some(datum)]).expect("jsonb_out returns text");
-        text::from_server(CStr::from_ptr(shown.cast_mut_ptr()).to_bytes())
+/// The jsonb argument `n` of `function`, named `headers`: NULL for none, else what a
+/// subscription's extra headers may be (else an ERROR).
+pub fn check_headers_argument(function: &'static str, args: &Args, n: usize) {
+    if let Some(headers) = args.jsonb_text(n) {
+        let headers: serde_json::Value = serde_json::from_str(&headers).unwrap_or_default();
+        or_raise(check_headers(&headers).map_err(|why| OutboxError::invalid(function, "headers", why)));
     }
 }
 
@@ -132,11 +127,7 @@ sql_function!(outbox_check_subscription_wrapper, pg_finfo_outbox_check_subscript
     if let Some(secret) = args.text(1) {
         or_raise(webhook::decode_secret(&secret).map(drop).map_err(|why| OutboxError::invalid(FUNCTION, "secret", why)));
     }
-    if let Some(headers) = args.datum(2) {
-        // SAFETY: the argument is declared jsonb.
-        let headers: serde_json::Value = serde_json::from_str(&unsafe { jsonb_text(headers) }).unwrap_or_default();
-        or_raise(check_headers(&headers).map_err(|why| OutboxError::invalid(FUNCTION, "headers", why)));
-    }
+    check_headers_argument(FUNCTION, &args, 2);
     pg_sys::Datum::from(0)
 });
 

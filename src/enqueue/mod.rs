@@ -49,15 +49,6 @@ fn check_key(function: &'static str, argument: &'static str, key: &[u8]) {
     }
 }
 
-/// The `headers` argument: NULL for none, else what a subscription's extra headers may be.
-fn check_headers(function: &'static str, args: &Args, n: usize) {
-    if let Some(headers) = args.datum(n) {
-        // SAFETY: the argument is declared jsonb.
-        let headers: serde_json::Value = serde_json::from_str(&unsafe { subscriptions::jsonb_text(headers) }).unwrap_or_default();
-        or_raise(subscriptions::check_headers(&headers).map_err(|why| OutboxError::invalid(function, "headers", why)));
-    }
-}
-
 /// Inserts one message (the arguments in the order of insert_keyed.sql) and returns its row,
 /// or the duplicate's (id, public_id, topic and key only) when its dedupe_key is taken.
 fn insert(spi: &mut Spi, schema: pg_sys::Oid, arguments: [Option<pg_sys::Datum>; 6]) -> Option<pg_sys::Datum> {
@@ -102,7 +93,7 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
             check_key(FUNCTION, argument, key);
         }
     }
-    check_headers(FUNCTION, &args, 5);
+    subscriptions::check_headers_argument(FUNCTION, &args, 5);
 
     // When this transaction commits, an idle delivery worker starts at once.
     worker::wake_at_commit();

@@ -1,12 +1,14 @@
 //! Deliver, the worker's second step: requests in flight. A pool of helper threads sends the
 //! claimed deliveries over HTTP, each request on its own (one slow endpoint holds only the
 //! threads of its own requests). The threads never call into PostgreSQL: they hand each
-//! answer back through a channel and wake the main thread through an eventfd it waits on
-//! beside its latch.
+//! answer back through a channel and wake the main thread through a socket it waits on beside
+//! its latch.
 
 use super::claim::Claimed;
 use crate::webhook::{self, AllowedNetworks, Answer, Endpoint, Message};
-use std::os::fd::RawFd;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -34,8 +36,11 @@ pub struct Finished {
 pub struct Pool {
     jobs: Option<Sender<Job>>,
     results: Receiver<Finished>,
-    /// Written by a helper thread for each answer; the main thread waits on it.
-    wake_fd: RawFd,
+    /// A byte is written to `wake_writer` by a helper thread for each answer; the main thread
+    /// waits on `wake_reader`. (A socket pair rather than an eventfd: the helpers hold the
+    /// writing end, so it stays theirs until the last one is gone.)
+    wake_reader: UnixStream,
+    wake_writer: Arc<UnixStream>,
     threads: Vec<std::thread::JoinHandle<()>>,
     /// What a new helper thread needs: the shared queue, the way back, the HTTP client.
     queue: Arc<Mutex<Receiver<Job>>>,
@@ -52,9 +57,10 @@ impl Pool {
     /// Starts `threads` helper threads sharing one HTTP client (connections kept alive) that
     /// connects only where `allowed_networks` lets it.
     pub fn start(threads: usize, allowed_networks: AllowedNetworks) -> Pool {
-        // SAFETY: creates a non-blocking eventfd owned by this process.
-        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        assert!(wake_fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+        let (wake_reader, wake_writer) = UnixStream::pair().expect("a socket pair for the helper threads' wake-ups");
+        for end in [&wake_reader, &wake_writer] {
+            end.set_nonblocking(true).expect("a non-blocking socket");
+        }
         let (jobs, queue) = channel::<Job>();
         let (answers, results) = channel::<Finished>();
         let queue = Arc::new(Mutex::new(queue));
@@ -62,7 +68,8 @@ impl Pool {
         let mut pool = Pool {
             jobs: Some(jobs),
             results,
-            wake_fd,
+            wake_reader,
+            wake_writer: Arc::new(wake_writer),
             threads: Vec::new(),
             queue,
             answers,
@@ -80,13 +87,14 @@ impl Pool {
     /// could run out before it is sent.
     pub fn grow_to(&mut self, threads: usize) {
         while self.threads.len() < threads {
-            let (queue, answers, agent, wake_fd) = (Arc::clone(&self.queue), self.answers.clone(), self.agent.clone(), self.wake_fd);
-            self.threads.push(spawn_with_signals_blocked(move || helper(queue, answers, agent, wake_fd)));
+            let (queue, answers, agent, wake) =
+                (Arc::clone(&self.queue), self.answers.clone(), self.agent.clone(), Arc::clone(&self.wake_writer));
+            self.threads.push(spawn_with_signals_blocked(move || helper(queue, answers, agent, wake)));
         }
     }
 
     pub fn wake_fd(&self) -> RawFd {
-        self.wake_fd
+        self.wake_reader.as_raw_fd()
     }
 
     pub fn in_flight(&self) -> usize {
@@ -114,9 +122,9 @@ impl Pool {
 
     /// The answers that have come back since the last call (never waits).
     pub fn take_finished(&mut self) -> Vec<Finished> {
-        let mut counter = 0u64;
-        // SAFETY: reads (and so resets) the eventfd's counter; non-blocking.
-        unsafe { libc::read(self.wake_fd, (&raw mut counter).cast(), 8) };
+        // Empty the wake-up socket (non-blocking: stops at WouldBlock).
+        let mut bytes = [0u8; 256];
+        while matches!((&self.wake_reader).read(&mut bytes), Ok(n) if n > 0) {}
         let finished: Vec<Finished> = self.results.try_iter().collect();
         for done in &finished {
             self.in_flight -= 1;
@@ -135,13 +143,11 @@ impl Drop for Pool {
         // Closing the queue ends the helpers once their requests are done; a worker that
         // leaves at once does not wait for them (the process exit ends them).
         self.jobs = None;
-        // SAFETY: closes our eventfd.
-        unsafe { libc::close(self.wake_fd) };
         self.threads.clear();
     }
 }
 
-fn helper(queue: Arc<Mutex<Receiver<Job>>>, answers: Sender<Finished>, agent: ureq::Agent, wake_fd: RawFd) {
+fn helper(queue: Arc<Mutex<Receiver<Job>>>, answers: Sender<Finished>, agent: ureq::Agent, wake: Arc<UnixStream>) {
     loop {
         // One job at a time per thread; the lock is held only to take it.
         let job = match queue.lock().unwrap_or_else(|e| e.into_inner()).recv() {
@@ -163,10 +169,9 @@ fn helper(queue: Arc<Mutex<Receiver<Job>>>, answers: Sender<Finished>, agent: ur
         if answers.send(finished).is_err() {
             return;
         }
-        let one = 1u64;
-        // SAFETY: writes 8 bytes to the eventfd (it may be closed already when the worker is
-        // leaving: the write then fails harmlessly).
-        unsafe { libc::write(wake_fd, (&raw const one).cast(), 8) };
+        // A full socket (WouldBlock) has woken the main thread already; a closed one means it
+        // has left.
+        let _ = (&*wake).write(&[1]);
     }
 }
 

@@ -88,16 +88,7 @@ pub extern "C-unwind" fn outbox_launcher_main(_argument: pg_sys::Datum) {
         }
         round(&mut databases, &mut named_but_missing);
         // Woken early by an announcement, or by the postmaster when a worker starts or stops.
-        // SAFETY: waits on this process's latch.
-        unsafe {
-            let events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
-            if pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, ROUND_INTERVAL.as_millis() as _, pg_sys::PG_WAIT_EXTENSION)
-                & pg_sys::WL_LATCH_SET as i32
-                != 0
-            {
-                pg_sys::ResetLatch(pg_sys::MyLatch);
-            }
-        }
+        super::sleep::wait(None, ROUND_INTERVAL);
     }
     // Workers stop by themselves: the postmaster sends them SIGTERM too.
 }
@@ -259,7 +250,7 @@ fn read_catalogs() -> (Vec<Listed>, bool) {
             if tuple.is_null() {
                 break;
             }
-            let row = &*(get_struct::<pg_sys::FormData_pg_database>(tuple));
+            let row = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
             listed.push(Listed {
                 oid: row.oid.to_u32(),
                 name: CStr::from_ptr(row.datname.data.as_ptr()).to_string_lossy().into_owned(),
@@ -276,7 +267,7 @@ fn read_catalogs() -> (Vec<Listed>, bool) {
             if tuple.is_null() {
                 break;
             }
-            let row = &*(get_struct::<pg_sys::FormData_pg_authid>(tuple));
+            let row = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_authid>(tuple);
             if CStr::from_ptr(row.rolname.data.as_ptr()).to_bytes() == WORKER_ROLE.as_bytes() {
                 role_exists = true;
             }
@@ -288,16 +279,4 @@ fn read_catalogs() -> (Vec<Listed>, bool) {
         pg_sys::CommitTransactionCommand();
     }
     (listed, role_exists)
-}
-
-/// GETSTRUCT: the fixed-size part of a catalog tuple.
-///
-/// # Safety
-/// `tuple` must be a valid catalog tuple whose row type is `T`.
-unsafe fn get_struct<T>(tuple: pg_sys::HeapTuple) -> *const T {
-    // SAFETY: the data starts t_hoff bytes into the tuple header.
-    unsafe {
-        let header = (*tuple).t_data;
-        (header as *const u8).add((*header).t_hoff as usize).cast()
-    }
 }

@@ -222,7 +222,7 @@ impl Worker {
                 let slot = self.slot;
                 self.housekeeping.purge_if_due(schema, self.settings.retention, || registry::must_leave_now(slot) || shutdown_requested());
             }
-            let woken = sleep::wait(self.pool.wake_fd(), self.sleep_time());
+            let woken = sleep::wait(Some(self.pool.wake_fd()), self.sleep_time());
             if woken.by_latch {
                 // A producer committed (or an operator redelivered): look again at once.
                 self.messages_may_be_ready = true;
@@ -365,12 +365,7 @@ sql_function!(outbox_wake_worker_at_commit_wrapper, pg_finfo_outbox_wake_worker_
 sql_function!(outbox_worker_status_wrapper, pg_finfo_outbox_worker_status_wrapper, |args| {
     let mut result = SetResult::begin(&args);
     for row in registry::status() {
-        // SAFETY: get_database_name returns NULL for a database that is gone.
-        let name = unsafe { pg_sys::get_database_name(pg_sys::Oid::from(row.database_oid)) };
-        let database = (!name.is_null()).then(|| {
-            // SAFETY: a NUL-terminated name in the server's encoding.
-            crate::text::from_server(unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes())
-        });
+        let database = crate::backend::database_name(pg_sys::Oid::from(row.database_oid));
         let timestamp = |t: Option<pg_sys::TimestampTz>| t.map(pg_sys::Datum::from);
         result.push_values(&[
             database.map(|d| crate::text::to_datum(&d)),

@@ -5,6 +5,7 @@
 //! It exists only when the library is preloaded; without it, waking is a no-op and the status
 //! function returns no rows.
 
+use crate::backend::{now, process_id};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -158,8 +159,6 @@ fn set_latch(latch: usize) {
     }
 }
 
-use crate::backend::now;
-
 // ---- the launcher ----------------------------------------------------------------------
 
 /// The launcher registers its latch, to be woken by announcements and by workers' exits.
@@ -224,10 +223,7 @@ pub fn is_paused(database_oid: u32) -> bool {
 pub fn attach(slot: usize) {
     let mut registry = REGISTRY.exclusive();
     let entry = &mut registry.slots[slot];
-    // SAFETY: reads process globals.
-    unsafe {
-        entry.pid = pg_sys::MyProcPid;
-    }
+    entry.pid = process_id();
     entry.latch = my_latch();
     entry.started_at = now();
     entry.exit_reason = ExitReason::Unknown;
@@ -365,11 +361,9 @@ pub fn pause(database_oid: u32, seconds: i64) {
         if !REGISTRY.share().slots.iter().any(|s| s.database_oid == database_oid && s.pid != 0) {
             break;
         }
-        // SAFETY: sleeps 10 ms; checks for interrupts (a cancelled DROP DATABASE).
-        unsafe {
-            pg_sys::pg_usleep(10_000);
-            pg_sys::check_for_interrupts!();
-        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        // A cancelled DROP DATABASE stops waiting.
+        pg_sys::check_for_interrupts!();
     }
 }
 

@@ -77,9 +77,13 @@ fn failure(caught: CaughtError) -> Failure {
         CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) => (report.sql_error_code(), report.message().to_string()),
         CaughtError::RustPanic { ereport, .. } => (ereport.sql_error_code(), ereport.message().to_string()),
     };
-    // SAFETY: unpack_sql_state returns a static buffer with the five characters.
-    let sqlstate = unsafe { std::ffi::CStr::from_ptr(pg_sys::unpack_sql_state(code as i32)) }.to_string_lossy().into_owned();
-    Failure { sqlstate, message }
+    Failure { sqlstate: sqlstate_text(code as i32), message }
+}
+
+/// An error code's five characters: PostgreSQL packs each in six bits, first character lowest
+/// (MAKE_SQLSTATE / unpack_sql_state).
+fn sqlstate_text(code: i32) -> String {
+    (0..5).map(|i| char::from(b'0' + ((code >> (6 * i)) & 0x3F) as u8)).collect()
 }
 
 /// Runs `body` in a transaction of its own and commits it. An ERROR anywhere, the commit
@@ -116,14 +120,23 @@ static EXTENSION_SCHEMA: Statement = Statement::new(include_str!("extension_sche
 /// The schema outbox_ext is installed in, if it is installed (in a transaction). Found through
 /// the catalogs, with the session's search_path already pinned to pg_catalog.
 pub fn extension_schema() -> Option<pg_sys::Oid> {
-    let name = CString::new("outbox_ext").expect("no NUL");
-    // SAFETY: a catalog lookup in a transaction.
-    if unsafe { pg_sys::get_extension_oid(name.as_ptr(), true) } == pg_sys::InvalidOid {
-        return None;
-    }
     let mut spi = Spi::connect();
     let rows = spi.execute(&EXTENSION_SCHEMA, pg_sys::InvalidOid, &[]);
     let schema = if rows.is_empty() { None } else { rows.get::<pg_sys::Oid>(0, 1) };
     spi.finish();
     schema
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::sqlstate_text;
+    use pgrx::PgSqlErrorCode;
+
+    #[test]
+    fn sqlstates_unpack_as_postgresql_spells_them() {
+        assert_eq!(sqlstate_text(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32), "55P03");
+        assert_eq!(sqlstate_text(PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE as i32), "40001");
+        assert_eq!(sqlstate_text(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE as i32), "22023");
+        assert_eq!(sqlstate_text(0), "00000");
+    }
 }

@@ -1,4 +1,4 @@
-//! Sleep, the worker's last step: wait until an answer comes back (the helper threads' eventfd),
+//! Sleep, the worker's last step: wait until an answer comes back (the helper threads' socket),
 //! the latch is set (a producer's commit, a signal, a request to leave) or the timeout passes.
 
 use pgrx::pg_sys;
@@ -12,14 +12,18 @@ pub struct Woken {
     pub by_latch: bool,
 }
 
-/// Waits on the latch and `answers` for at most `timeout`. Exits the process if the postmaster
-/// died.
-pub fn wait(answers: RawFd, timeout: Duration) -> Woken {
-    let events = pg_sys::WL_LATCH_SET | pg_sys::WL_SOCKET_READABLE | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+/// Waits on the latch and `answers` (if any) for at most `timeout`. Exits the process if the
+/// postmaster died.
+pub fn wait(answers: Option<RawFd>, timeout: Duration) -> Woken {
+    let mut events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+    if answers.is_some() {
+        events |= pg_sys::WL_SOCKET_READABLE;
+    }
+    let socket = answers.unwrap_or(pg_sys::PGINVALID_SOCKET);
     let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX).max(0);
-    // SAFETY: waits on this process's latch and an fd it owns; resets the latch it reports.
+    // SAFETY: waits on this process's latch and (if any) an fd it owns; resets the latch it reports.
     let happened = unsafe {
-        let happened = pg_sys::WaitLatchOrSocket(pg_sys::MyLatch, events as i32, answers, timeout_ms as _, pg_sys::PG_WAIT_EXTENSION);
+        let happened = pg_sys::WaitLatchOrSocket(pg_sys::MyLatch, events as i32, socket, timeout_ms as _, pg_sys::PG_WAIT_EXTENSION);
         if happened & pg_sys::WL_LATCH_SET as i32 != 0 {
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
