@@ -102,24 +102,10 @@ impl Args {
     /// dimensions.
     pub fn text_array(&self, n: usize) -> Option<(Vec<Option<String>>, i32)> {
         let datum = self.datum(n)?;
-        // SAFETY: the argument is declared text[]; deconstruct_array gives palloc'd arrays of
-        // the elements' datums and null flags, valid for the call.
+        // SAFETY: the argument is declared text[].
         unsafe {
-            let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
-            let dimensions = (*array).ndim;
-            let (mut elements, mut nulls, mut count) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
-            pg_sys::deconstruct_array(
-                array,
-                pg_sys::TEXTOID,
-                -1,
-                false,
-                pg_sys::TYPALIGN_INT as std::ffi::c_char,
-                &mut elements,
-                &mut nulls,
-                &mut count,
-            );
-            let values = (0..count as usize).map(|i| (!*nulls.add(i)).then(|| text::from_datum(*elements.add(i)))).collect();
-            Some((values, dimensions))
+            let (elements, dimensions) = crate::array::varlena_elements(datum, pg_sys::TEXTOID);
+            Some((elements.into_iter().map(|element| element.map(|e| text::from_datum(e))).collect(), dimensions))
         }
     }
 

@@ -14,6 +14,7 @@
 
 use pgrx::prelude::*;
 
+mod array;
 mod backend;
 mod claim;
 mod compat;

@@ -246,21 +246,9 @@ impl Rows<'_> {
     /// A text[] column as UTF-8 strings (NULL elements, and a NULL array, as nothing).
     pub fn get_text_array(&self, row: usize, column: i32) -> Vec<String> {
         let Some(datum) = self.datum(row, column) else { return Vec::new() };
-        // SAFETY: the column is text[]; deconstruct_array gives palloc'd element arrays.
+        // SAFETY: the column is text[].
         unsafe {
-            let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
-            let (mut elements, mut nulls, mut count) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
-            pg_sys::deconstruct_array(
-                array,
-                pg_sys::TEXTOID,
-                -1,
-                false,
-                pg_sys::TYPALIGN_INT as std::ffi::c_char,
-                &mut elements,
-                &mut nulls,
-                &mut count,
-            );
-            (0..count as usize).filter(|&i| !*nulls.add(i)).map(|i| crate::text::from_datum(*elements.add(i))).collect()
+            crate::array::varlena_elements(datum, pg_sys::TEXTOID).0.into_iter().flatten().map(|e| crate::text::from_datum(e)).collect()
         }
     }
 

@@ -158,21 +158,6 @@ sql_function!(outbox_uuid_v7_wrapper, pg_finfo_outbox_uuid_v7_wrapper, |_args| {
 
 /// The elements of a one-dimensional jsonb[] without NULLs (checked by the caller), in order.
 fn array_elements(array: pg_sys::Datum) -> Vec<pg_sys::Datum> {
-    // SAFETY: `array` is a jsonb[] datum; deconstruct_array gives palloc'd elements valid for the
-    // call.
-    unsafe {
-        let array = pg_sys::pg_detoast_datum(array.cast_mut_ptr()) as *mut pg_sys::ArrayType;
-        let (mut elements, mut nulls, mut count) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
-        pg_sys::deconstruct_array(
-            array,
-            pg_sys::JSONBOID,
-            -1,
-            false,
-            pg_sys::TYPALIGN_INT as std::ffi::c_char,
-            &mut elements,
-            &mut nulls,
-            &mut count,
-        );
-        (0..count as usize).map(|i| *elements.add(i)).collect()
-    }
+    // SAFETY: `array` is a jsonb[] datum.
+    unsafe { crate::array::varlena_elements(array, pg_sys::JSONBOID) }.0.into_iter().flatten().collect()
 }
