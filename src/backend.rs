@@ -4,11 +4,27 @@
 //! runs), so the `unsafe` lives here once instead of at every caller.
 
 use pgrx::pg_sys;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Microseconds between the Unix and the PostgreSQL epochs (2000-01-01).
+const POSTGRES_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 /// The current time (microseconds since the PostgreSQL epoch), as `clock_timestamp()` reads it.
 pub fn now() -> pg_sys::TimestampTz {
     // SAFETY: reads the system clock; no state of ours is involved.
     unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// A PostgreSQL timestamp as a system time (one before 1970 as the Unix epoch).
+pub fn to_system_time(timestamp: pg_sys::TimestampTz) -> SystemTime {
+    let since_unix = timestamp.saturating_add(POSTGRES_EPOCH_OFFSET_MICROS);
+    UNIX_EPOCH + Duration::from_micros(u64::try_from(since_unix).unwrap_or(0))
+}
+
+/// A system time as a PostgreSQL timestamp (one before 1970 as the Unix epoch).
+pub fn from_system_time(time: SystemTime) -> pg_sys::TimestampTz {
+    let since_unix = time.duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    since_unix.saturating_sub(POSTGRES_EPOCH_OFFSET_MICROS)
 }
 
 /// The database this process is connected to (InvalidOid before it connects).
@@ -43,4 +59,19 @@ pub fn shutdown_requested() -> bool {
 pub fn reload_configuration() {
     // SAFETY: what a backend does at its next command after SIGHUP; we are between statements.
     unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_convert_both_ways_around_the_postgres_epoch() {
+        let postgres_epoch = UNIX_EPOCH + Duration::from_secs(946_684_800);
+        assert_eq!(to_system_time(0), postgres_epoch);
+        assert_eq!(from_system_time(postgres_epoch), 0);
+        let later = postgres_epoch + Duration::from_micros(123_456_789);
+        assert_eq!(from_system_time(later), 123_456_789);
+        assert_eq!(to_system_time(from_system_time(later)), later);
+    }
 }

@@ -24,7 +24,9 @@ pub static MAX_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static HTTP_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 pub static ALLOWED_NETWORKS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
-pub static ENDPOINT_DISABLE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"5 days"));
+/// outbox.endpoint_disable_after's default.
+const DEFAULT_ENDPOINT_DISABLE_AFTER: &CStr = c"5 days";
+pub static ENDPOINT_DISABLE_AFTER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(DEFAULT_ENDPOINT_DISABLE_AFTER));
 
 pub fn register() {
     GucRegistry::define_int_guc(
@@ -258,8 +260,10 @@ pub fn allowed_networks() -> Vec<Network> {
 
 /// `outbox.endpoint_disable_after`: `None` never disables.
 pub fn endpoint_disable_after() -> Option<Duration> {
-    let raw = ENDPOINT_DISABLE_AFTER.get().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    parse_duration(&raw).unwrap_or(Some(Duration::from_secs(5 * 24 * 3600)))
+    let default = DEFAULT_ENDPOINT_DISABLE_AFTER.to_string_lossy();
+    let raw = ENDPOINT_DISABLE_AFTER.get().map_or_else(|| default.to_string(), |s| s.to_string_lossy().into_owned());
+    // The check hook lets only durations through, and the default is one.
+    parse_duration(&raw).or_else(|_| parse_duration(&default)).unwrap_or(None)
 }
 
 /// A duration setting: "5 days", "12h", "1 hour 30 min", "90" (seconds); "0" is `None`.

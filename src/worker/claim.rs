@@ -83,9 +83,8 @@ pub fn claim_for_endpoint(
     if !exhausted.is_empty() {
         let ids: Vec<i64> = exhausted.iter().map(|&(id, _, _)| id).collect();
         let reasons: Vec<String> = exhausted.iter().map(|&(_, attempts, _)| policy.exhausted_reason(attempts, true)).collect();
-        let dead = spi.execute(&DEAD_LETTER, schema, &[subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()]);
-        let (messages, endpoints_with_keys, keys) = (dead.get::<Vec<i64>>(0, 1).unwrap_or_default(), dead.datum(0, 2), dead.datum(0, 3));
-        ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
+        let messages =
+            record::end_deliveries(spi, schema, &DEAD_LETTER, &[subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()]);
         record::settle_messages(spi, schema, messages);
     }
     let chosen = fitting(&live.iter().map(|&(id, _, bytes)| (id, bytes)).collect::<Vec<_>>(), byte_budget, nothing_in_flight);

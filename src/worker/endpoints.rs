@@ -20,7 +20,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 static LOAD_ENDPOINTS: Statement = Statement::new(include_str!("load_endpoints.sql"), &[]);
 static NEXT_DUE: Statement = Statement::new(include_str!("next_due.sql"), &[INT8ARRAYOID]);
@@ -71,23 +71,26 @@ impl TokenBucket {
         (self.per_second / 10.0).max(1.0)
     }
 
+    /// Tokens saved up at `now` (fractions included), at most the capacity.
+    fn level(&self, now: Instant) -> f64 {
+        let refilled = self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * self.per_second;
+        refilled.min(self.capacity())
+    }
+
     /// Whole tokens available at `now`.
     pub fn available(&self, now: Instant) -> usize {
-        let refilled = self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * self.per_second;
-        refilled.min(self.capacity()).floor() as usize
+        self.level(now).floor() as usize
     }
 
     /// Takes `count` tokens (no more than available).
     pub fn take(&mut self, count: usize, now: Instant) {
-        let refilled = self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * self.per_second;
-        self.tokens = (refilled.min(self.capacity()) - count as f64).max(0.0);
+        self.tokens = (self.level(now) - count as f64).max(0.0);
         self.at = now;
     }
 
     /// How long until a token is available.
     pub fn wait_for_one(&self, now: Instant) -> Duration {
-        let refilled = self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * self.per_second;
-        Duration::from_secs_f64(((1.0 - refilled) / self.per_second).max(0.0))
+        Duration::from_secs_f64(((1.0 - self.level(now)) / self.per_second).max(0.0))
     }
 
     /// The same bucket under a (possibly) changed limit.
@@ -160,7 +163,7 @@ impl Endpoints {
             let previous_key = rows
                 .get_text(row, 11)
                 .and_then(|secret| webhook::decode_secret(&secret).ok())
-                .zip(rows.get::<TimestampWithTimeZone>(row, 12).map(|until| system_time(until.into_inner())));
+                .zip(rows.get::<TimestampWithTimeZone>(row, 12).map(|until| crate::backend::to_system_time(until.into_inner())));
             let endpoint = Arc::new(Endpoint { url, signing_key, previous_key, headers: super::claim::pairs(headers), timeout });
             let known = self.by_id.get(&id);
             let (in_flight, due_now, next_due) = known.map_or((0, true, None), |k| (k.in_flight, k.due_now, k.next_due));
@@ -276,13 +279,6 @@ impl Endpoints {
         let share = self.share(max_in_flight);
         self.by_id.values().filter(|e| e.enabled && e.room(share) > 0).filter_map(|e| e.next_due).min()
     }
-}
-
-/// A PostgreSQL timestamp as a system time.
-fn system_time(timestamp: pg_sys::TimestampTz) -> SystemTime {
-    const POSTGRES_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
-    let since_unix = timestamp.saturating_add(POSTGRES_EPOCH_OFFSET_MICROS);
-    UNIX_EPOCH + Duration::from_micros(u64::try_from(since_unix).unwrap_or(0))
 }
 
 #[cfg(test)]

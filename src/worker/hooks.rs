@@ -54,7 +54,7 @@ unsafe fn databases_to_pause(statement: *mut pg_sys::Node) -> Vec<pg_sys::Oid> {
                 option(&(*create).options, "template").map(|t| pg_sys::defGetString(t)).into_iter().map(|s| s.cast_const()).collect()
             }
             pg_sys::NodeTag::T_DropStmt if drops_this_extension(statement as *mut pg_sys::DropStmt) => {
-                return vec![pg_sys::MyDatabaseId];
+                return vec![crate::backend::database_id()];
             }
             _ => vec![],
         };

@@ -12,7 +12,6 @@ use crate::webhook::Outcome;
 use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
-use std::time::UNIX_EPOCH;
 
 static DELIVERED: Statement = Statement::new(include_str!("record_delivered.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID]);
 static RETRY: Statement =
@@ -36,9 +35,6 @@ pub struct Recorded {
     /// Answers whose delivery no longer waited for them (an operator redelivered it meanwhile).
     pub no_longer_held: usize,
 }
-
-/// Microseconds between the Unix and the PostgreSQL epochs (2000-01-01).
-const POSTGRES_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 /// One column of a batch statement.
 #[derive(Default)]
@@ -93,17 +89,15 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
     let mut ended_messages: Vec<i64> = Vec::new();
     if !delivered.message_ids.is_empty() {
         let count = delivered.message_ids.len();
-        let rows = spi.execute(
-            &DELIVERED,
+        let ended = end_deliveries(
+            spi,
             schema,
+            &DELIVERED,
             &[delivered.message_ids.into_datum(), delivered.subscription_ids.into_datum(), delivered.attempts.into_datum()],
         );
-        let ended = rows.get::<Vec<i64>>(0, 1).unwrap_or_default();
-        let (endpoints_with_keys, keys) = (rows.datum(0, 2), rows.datum(0, 3));
         recorded.delivered = ended.len();
         recorded.no_longer_held += count - ended.len();
         ended_messages.extend(ended);
-        ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
     }
     if !retried.message_ids.is_empty() {
         let count = retried.message_ids.len();
@@ -125,17 +119,15 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
     }
     if !dead.message_ids.is_empty() {
         let count = dead.message_ids.len();
-        let rows = spi.execute(
-            &DEAD,
+        let ended = end_deliveries(
+            spi,
             schema,
+            &DEAD,
             &[dead.message_ids.into_datum(), dead.subscription_ids.into_datum(), dead.attempts.into_datum(), dead_errors.into_datum()],
         );
-        let ended = rows.get::<Vec<i64>>(0, 1).unwrap_or_default();
-        let (endpoints_with_keys, keys) = (rows.datum(0, 2), rows.datum(0, 3));
         recorded.failed += ended.len();
         recorded.no_longer_held += count - ended.len();
         ended_messages.extend(ended);
-        ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
     }
 
     log_attempts(spi, schema, finished);
@@ -143,13 +135,23 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
     recorded
 }
 
+/// Runs `statement`, which ends deliveries (DONE or DEAD) and returns one row: their messages,
+/// and the endpoints and ordering keys of those with a key. The next delivery of each such key
+/// at its endpoint becomes claimable (src/ordering); returns the messages, whose other
+/// deliveries may all have ended too (settle_messages).
+pub fn end_deliveries(spi: &mut Spi, schema: pg_sys::Oid, statement: &'static Statement, arguments: &[Option<pg_sys::Datum>]) -> Vec<i64> {
+    let rows = spi.execute(statement, schema, arguments);
+    let (messages, endpoints_with_keys, keys) = (rows.get::<Vec<i64>>(0, 1).unwrap_or_default(), rows.datum(0, 2), rows.datum(0, 3));
+    ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
+    messages
+}
+
 fn log_attempts(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished]) {
     let mut columns = Columns::default();
     let (mut started, mut micros, mut statuses, mut errors) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for done in finished {
         columns.push(done);
-        let since_unix = done.started_at.duration_since(UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0);
-        started.push(pgrx::datum::TimestampWithTimeZone::try_from(since_unix - POSTGRES_EPOCH_OFFSET_MICROS).ok());
+        started.push(pgrx::datum::TimestampWithTimeZone::try_from(crate::backend::from_system_time(done.started_at)).ok());
         micros.push(i64::try_from(done.duration.as_micros()).unwrap_or(i64::MAX));
         statuses.push(done.answer.http_status.map(i32::from));
         errors.push(match &done.answer.outcome {

@@ -271,7 +271,6 @@ unsafe extern "C-unwind" fn on_transaction_end(event: pg_sys::XactEvent::Type, _
         pg_sys::XactEvent::XACT_EVENT_COMMIT => {
             let announce = ANNOUNCE_AT_COMMIT.swap(false, Ordering::Relaxed);
             if WAKE_AT_COMMIT.swap(false, Ordering::Relaxed) {
-                // SAFETY: reads a backend global.
                 wake_workers_of(crate::backend::database_id().to_u32(), announce);
             }
         }
