@@ -1,9 +1,10 @@
 //! Claim, the worker's first step: pick up ready messages of the topics it delivers and make
 //! their deliveries (one per endpoint), then lease each endpoint's due deliveries, as many as
-//! its share of the in-flight slots allows, for one request each. A delivery out of attempts
-//! is dead-lettered here instead (policy.rs decides, as for `outbox_claim`).
+//! its share of the in-flight slots allows and a few rounds ahead (endpoints.rs), and queue
+//! them for their endpoint. A delivery out of attempts is dead-lettered here instead (policy.rs
+//! decides, as for `outbox_claim`).
 
-use super::endpoints::{Endpoints, LEASE_MARGIN};
+use super::endpoints::{self, ClaimSize, Endpoints, Queued};
 use super::record;
 use crate::policy::RetryPolicy;
 use crate::spi::{Spi, Statement};
@@ -12,12 +13,14 @@ use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::sync::Arc;
+use std::time::Instant;
 
 static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID]);
 static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
 static RELEASE_LEASES: Statement = Statement::new(include_str!("release_leases.sql"), &[]);
+static HAND_BACK: Statement = Statement::new(include_str!("hand_back_deliveries.sql"), &[INT8ARRAYOID, INT8ARRAYOID]);
 
 /// A delivery leased for one request.
 pub struct Claimed {
@@ -48,16 +51,16 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
 
 /// What an endpoint may take in one claim.
 pub struct Room {
-    /// Requests it may start.
-    pub slots: usize,
+    /// Deliveries it may lease, with what is ahead of them (endpoints::ClaimSize).
+    pub size: ClaimSize,
     /// Payload bytes the worker may still hold (outbox.worker_memory).
     pub byte_budget: i64,
     /// No request is in flight: the first delivery goes even beyond the budget (alone).
     pub nothing_in_flight: bool,
 }
 
-/// Leases due deliveries of endpoint `subscription_id` within `room`; dead-letters those out of
-/// attempts.
+/// Leases due deliveries of endpoint `subscription_id` within `room`; dead-letters those out of attempts. `now` is the transaction's clock, `started` the same
+/// moment as an Instant. Returns them, to queue once the transaction commits.
 pub fn claim_for_endpoint(
     spi: &mut Spi,
     schema: pg_sys::Oid,
@@ -65,9 +68,10 @@ pub fn claim_for_endpoint(
     subscription_id: i64,
     room: Room,
     policy: &RetryPolicy,
-    now: pg_sys::TimestampTz,
-) -> Vec<Claimed> {
-    let Room { slots, byte_budget, nothing_in_flight } = room;
+    (now, started): (pg_sys::TimestampTz, Instant),
+) -> Vec<Queued> {
+    let Room { size, byte_budget, nothing_in_flight } = room;
+    let slots = size.count;
     let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
     let locked = spi.execute(&LOCK, schema, &[subscription_id.into_datum(), Some(pg_sys::Datum::from(now)), (slots as i32).into_datum()]);
     // (message, attempts, payload bytes) of each, oldest due first.
@@ -96,7 +100,8 @@ pub fn claim_for_endpoint(
     if chosen.is_empty() {
         return Vec::new();
     }
-    let lease = interval::from_duration(state.endpoint.timeout + LEASE_MARGIN);
+    let (lease, start_within) = endpoints::lease_for(state.endpoint.timeout, size.rounds(chosen.len()));
+    let lease = interval::from_duration(lease);
     let leased = spi.execute(
         &LEASE,
         schema,
@@ -118,7 +123,19 @@ pub fn claim_for_endpoint(
         .collect();
     // Oldest due first, as they were locked.
     claimed.sort_by_key(|c| chosen.iter().position(|&id| id == c.message_id));
-    claimed
+    let start_by = started + start_within;
+    claimed.into_iter().map(|delivery| Queued { delivery, start_by }).collect()
+}
+
+/// Hands back deliveries leased but not sent (in a transaction): due again, their attempt not
+/// counted.
+pub fn hand_back(spi: &mut Spi, schema: pg_sys::Oid, deliveries: &[Claimed]) {
+    if deliveries.is_empty() {
+        return;
+    }
+    let endpoints: Vec<i64> = deliveries.iter().map(|d| d.subscription_id).collect();
+    let messages: Vec<i64> = deliveries.iter().map(|d| d.message_id).collect();
+    spi.execute(&HAND_BACK, schema, &[endpoints.into_datum(), messages.into_datum()]);
 }
 
 /// [name, value, name, value, …] as pairs.

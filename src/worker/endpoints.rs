@@ -12,13 +12,19 @@
 //! - circuit breaker: while an endpoint fails (its latest answer was a failure), it gets one
 //!   request at a time until one succeeds (half-open probing); failing for
 //!   `outbox.endpoint_disable_after`, it is disabled (record.rs);
-//! - a disabled endpoint gets no request: its deliveries are parked until it is enabled again.
+//! - a disabled endpoint gets no request: its deliveries are parked until it is enabled again;
+//! - a healthy endpoint without a rate limit leases a few rounds of requests ahead (up to
+//!   `outbox.worker_batch_size` in flight and queued): the worker starts the next as soon as an
+//!   answer comes back and records answers in batches, instead of one transaction per request.
+//!   Each lease covers the rounds ahead of it; a queued delivery not started in time is handed
+//!   back rather than sent late.
 
+use super::claim::Claimed;
 use crate::spi::{Spi, Statement};
 use crate::webhook::{self, Endpoint};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::{self, BuiltinOid::*};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +36,44 @@ static NEXT_DUE: Statement = Statement::new(include_str!("next_due.sql"), &[INT8
 pub const MAX_REQUEST: Duration = Duration::from_secs(595);
 /// A lease covers one request: its timeout plus this.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// Rounds of requests an endpoint leases ahead at most (fewer when its timeout is long: every
+/// lease stays within about 10 minutes).
+const PREFETCH_ROUNDS: usize = 64;
+
+/// How long a lease for a delivery `rounds` rounds of requests ahead must last, and how long the
+/// worker may keep it queued before it must start (or hand it back): started by then, the
+/// request ends, by its timeout, [`LEASE_MARGIN`]` / 2` before the lease runs out.
+pub fn lease_for(timeout: Duration, rounds: usize) -> (Duration, Duration) {
+    let rounds = rounds.max(1) as u32;
+    (timeout * rounds + LEASE_MARGIN, timeout * (rounds - 1) + LEASE_MARGIN / 2)
+}
+
+/// A leased delivery waiting for its endpoint to have room.
+pub struct Queued {
+    pub delivery: Claimed,
+    /// It starts by then or not at all (see [`lease_for`]).
+    pub start_by: Instant,
+}
+
+/// How many deliveries to lease for one endpoint, with what is already ahead of them (in
+/// flight and queued) and how many requests it may have out at once: together they say how
+/// many rounds of requests ahead the last one leased is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimSize {
+    pub count: usize,
+    pub ahead: usize,
+    pub per_round: usize,
+    /// Under a rate limit, what is leased ahead waits for tokens up to one timeout more.
+    pub rate_limited: bool,
+}
+
+impl ClaimSize {
+    /// The rounds of requests until the last of `leased` deliveries starts, its own included.
+    pub fn rounds(&self, leased: usize) -> usize {
+        (self.ahead + leased).div_ceil(self.per_round.max(1)).max(1)
+            + usize::from(self.rate_limited && self.ahead + leased > self.per_round)
+    }
+}
 
 /// One endpoint and its scheduling state.
 pub struct EndpointState {
@@ -49,6 +93,11 @@ pub struct EndpointState {
     pub due_now: bool,
     /// When its next delivery is due, if known (microseconds since the PostgreSQL epoch).
     pub next_due: Option<pg_sys::TimestampTz>,
+    /// Leased deliveries waiting for room, oldest due first.
+    pub queued: VecDeque<Queued>,
+    /// An answer failed since the last step recorded the answers: until the breaker has
+    /// looked at it, the endpoint is treated as failing (one request at a time).
+    pub failure_unrecorded: bool,
 }
 
 /// A rate limit: `per_second` tokens a second, at most a tenth of a second's worth (and at
@@ -100,21 +149,66 @@ impl TokenBucket {
 }
 
 impl EndpointState {
-    /// How many requests it may start now with `share` slots, leaving aside the rate limit.
-    fn room(&self, share: usize) -> usize {
+    /// How many requests it may have in flight with `share` slots, leaving aside the rate limit.
+    fn cap(&self, share: usize) -> usize {
         let mut cap = share;
         if let Some(own) = self.max_in_flight {
             cap = cap.min(own);
         }
-        if self.failing_since.is_some() {
+        if self.failing() {
             cap = cap.min(1); // half-open: one probe at a time
         }
-        cap.saturating_sub(self.in_flight)
+        cap
     }
 
-    /// Whether the endpoint is due now and enabled (it has work the worker may start).
+    fn failing(&self) -> bool {
+        self.failing_since.is_some() || self.failure_unrecorded
+    }
+
+    /// How many requests it may start now with `share` slots, leaving aside the rate limit.
+    fn room(&self, share: usize) -> usize {
+        self.cap(share).saturating_sub(self.in_flight)
+    }
+
+    /// Whether the endpoint is due now and enabled (it has work the worker may lease).
     fn wants_to_send(&self) -> bool {
         self.enabled && self.due_now
+    }
+
+    /// Whether it has work: due, queued or in flight (it counts in the sharing of the slots).
+    fn busy(&self) -> bool {
+        self.wants_to_send() || (self.enabled && !self.queued.is_empty()) || self.in_flight > 0
+    }
+
+    /// Whether it leases rounds ahead: not while it fails (one probe at a time).
+    fn leases_ahead(&self) -> bool {
+        !self.failing()
+    }
+
+    /// What to lease for it now with `share` slots, `batch` (outbox.worker_batch_size) in
+    /// flight and queued at most, leaving aside the worker's free slots.
+    fn claim_size(&self, share: usize, batch: usize, now: Instant) -> ClaimSize {
+        let cap = self.cap(share);
+        let ahead = self.in_flight + self.queued.len();
+        let mut size = ClaimSize { count: 0, ahead, per_round: cap, rate_limited: self.rate.is_some() };
+        if !self.wants_to_send() {
+            return size;
+        }
+        if !self.leases_ahead() {
+            let tokens = self.rate.map_or(usize::MAX, |bucket| bucket.available(now));
+            size.count = if self.queued.is_empty() { self.room(share).min(tokens) } else { 0 };
+        } else if self.queued.len() < cap {
+            // (Less than a round queued: fill up to the batch.)
+            let timeout = self.endpoint.timeout.as_secs_f64().max(0.001);
+            let rounds_allowed = (MAX_REQUEST.as_secs_f64() / timeout) as usize;
+            let mut total = (cap * PREFETCH_ROUNDS.min(rounds_allowed.max(1))).min(batch.max(cap));
+            if let Some(bucket) = self.rate {
+                // No more ahead than its tokens let start within one timeout (beyond a round).
+                total = total.min(cap + (bucket.per_second * timeout) as usize);
+            }
+            size.count = total.saturating_sub(ahead);
+        }
+        size
     }
 }
 
@@ -165,8 +259,10 @@ impl Endpoints {
                 .and_then(|secret| webhook::decode_secret(&secret).ok())
                 .zip(rows.get::<TimestampWithTimeZone>(row, 12).map(|until| crate::backend::to_system_time(until.into_inner())));
             let endpoint = Arc::new(Endpoint { url, signing_key, previous_key, headers: super::claim::pairs(headers), timeout });
+            let queued = self.by_id.get_mut(&id).map(|k| std::mem::take(&mut k.queued)).unwrap_or_default();
             let known = self.by_id.get(&id);
             let (in_flight, due_now, next_due) = known.map_or((0, true, None), |k| (k.in_flight, k.due_now, k.next_due));
+            let failure_unrecorded = known.is_some_and(|k| k.failure_unrecorded);
             // The bucket carries over a reload (a new limit applies from its current level).
             let rate = rate_limit.map(|per_second| match known.and_then(|k| k.rate) {
                 Some(bucket) => bucket.with_rate(per_second),
@@ -174,7 +270,20 @@ impl Endpoints {
             });
             fresh.insert(
                 id,
-                EndpointState { id, topic, endpoint, enabled, failing_since, max_in_flight, rate, in_flight, due_now, next_due },
+                EndpointState {
+                    id,
+                    topic,
+                    endpoint,
+                    enabled,
+                    failing_since,
+                    max_in_flight,
+                    rate,
+                    in_flight,
+                    due_now,
+                    next_due,
+                    queued,
+                    failure_unrecorded,
+                },
             );
         }
         spi.finish();
@@ -185,8 +294,9 @@ impl Endpoints {
                 continue;
             }
             some_went_away = true;
-            if gone.in_flight > 0 {
-                // Kept, sent nothing more, only until its answers are in.
+            if gone.in_flight > 0 || !gone.queued.is_empty() {
+                // Kept, sent nothing more, only until its answers are in (and its queue handed
+                // back: take_unsendable).
                 fresh.insert(id, EndpointState { enabled: false, due_now: false, next_due: None, ..gone });
             }
         }
@@ -226,39 +336,97 @@ impl Endpoints {
     /// or in flight), less what is kept free for the others.
     fn share(&self, max_in_flight: usize) -> usize {
         let enabled = self.by_id.values().filter(|e| e.enabled).count();
-        let busy = self.by_id.values().filter(|e| e.wants_to_send() || e.in_flight > 0).count().max(1);
+        let busy = self.by_id.values().filter(|e| e.busy()).count().max(1);
         let reserved = enabled.saturating_sub(1).min(max_in_flight / 2);
         (max_in_flight / busy).min(max_in_flight - reserved).max(1)
     }
 
-    /// How many more requests each endpoint may start now: its share, within its own limits,
-    /// less what it has in flight, and no more than its rate limit's tokens.
-    pub fn free_slots(&self, max_in_flight: usize, total_in_flight: usize, now: Instant) -> Vec<(i64, usize)> {
+    /// What to lease for each endpoint now, in turn: rounds ahead for a healthy endpoint (see
+    /// [`EndpointState::claim_size`]), and otherwise only what it may start at once, within the
+    /// slots the worker has free.
+    pub fn claims(&self, max_in_flight: usize, total_in_flight: usize, batch: usize, now: Instant) -> Vec<(i64, ClaimSize)> {
         let share = self.share(max_in_flight);
         let mut left = max_in_flight.saturating_sub(total_in_flight);
-        let mut free = Vec::new();
+        let mut claims = Vec::new();
         let due: Vec<&EndpointState> = self.by_id.values().filter(|e| e.wants_to_send()).collect();
         let first = if due.is_empty() { 0 } else { self.turn.get() % due.len() };
         self.turn.set(first + 1);
         for state in due[first..].iter().chain(&due[..first]) {
-            let tokens = state.rate.map_or(usize::MAX, |bucket| bucket.available(now));
-            let slots = state.room(share).min(tokens).min(left);
-            if slots > 0 {
-                free.push((state.id, slots));
-                left -= slots;
+            let mut size = state.claim_size(share, batch, now);
+            if !state.leases_ahead() {
+                size.count = size.count.min(left);
+                left -= size.count;
+            }
+            if size.count > 0 {
+                claims.push((state.id, size));
             }
         }
-        free
+        claims
     }
 
-    /// Requests were started for endpoint `id`: its rate limit's tokens are spent.
-    pub fn started(&mut self, id: i64, count: usize, now: Instant) {
-        if let Some(state) = self.by_id.get_mut(&id) {
-            state.in_flight += count;
-            if let Some(bucket) = state.rate.as_mut() {
-                bucket.take(count, now);
+    /// Whether some endpoint wants a claim now (as [`Endpoints::claims`] would find).
+    pub fn want_claims(&self, max_in_flight: usize, total_in_flight: usize, batch: usize, now: Instant) -> bool {
+        let share = self.share(max_in_flight);
+        let free = total_in_flight < max_in_flight;
+        self.by_id.values().any(|e| {
+            let size = e.claim_size(share, batch, now);
+            size.count > 0 && (free || e.leases_ahead())
+        })
+    }
+
+    /// Takes from the queues the deliveries that may start now, endpoint by endpoint in turn,
+    /// each within its room and rate limit and all within the worker's free slots, and counts
+    /// them as started. Returns them, and the ones found too late to start (to hand back).
+    pub fn start_queued(&mut self, max_in_flight: usize, total_in_flight: usize, now: Instant) -> (Vec<Claimed>, Vec<Claimed>) {
+        let share = self.share(max_in_flight);
+        let mut left = max_in_flight.saturating_sub(total_in_flight);
+        let (mut start, mut late) = (Vec::new(), Vec::new());
+        let with_queue: Vec<i64> = self.by_id.values().filter(|e| e.enabled && !e.queued.is_empty()).map(|e| e.id).collect();
+        let first = if with_queue.is_empty() { 0 } else { self.turn.get() % with_queue.len() };
+        for id in with_queue[first..].iter().chain(&with_queue[..first]) {
+            let state = self.by_id.get_mut(id).expect("an endpoint with a queue");
+            while left > 0 && state.room(share) > 0 && state.rate.is_none_or(|bucket| bucket.available(now) > 0) {
+                let Some(queued) = state.queued.pop_front() else { break };
+                if now > queued.start_by {
+                    late.push(queued.delivery);
+                    continue;
+                }
+                state.in_flight += 1;
+                if let Some(bucket) = state.rate.as_mut() {
+                    bucket.take(1, now); // its rate limit's token is spent
+                }
+                left -= 1;
+                start.push(queued.delivery);
             }
         }
+        (start, late)
+    }
+
+    /// Empties the queues of endpoints that may not send (disabled, gone) or, with `all`, of
+    /// every endpoint (the worker stops or is disabled): their deliveries are handed back.
+    pub fn take_unsendable(&mut self, all: bool) -> Vec<Claimed> {
+        self.by_id
+            .values_mut()
+            .filter(|e| all || !e.enabled)
+            .flat_map(|e| std::mem::take(&mut e.queued).into_iter().map(|q| q.delivery))
+            .collect()
+    }
+
+    /// Whether any delivery is queued.
+    pub fn any_queued(&self) -> bool {
+        self.by_id.values().any(|e| !e.queued.is_empty())
+    }
+
+    /// The last step recorded every answer: the breaker has the endpoints' state.
+    pub fn answers_recorded(&mut self) {
+        for state in self.by_id.values_mut() {
+            state.failure_unrecorded = false;
+        }
+    }
+
+    /// Payload bytes of the queued deliveries.
+    pub fn bytes_queued(&self) -> usize {
+        self.by_id.values().flat_map(|e| &e.queued).map(|q| q.delivery.message.body.len()).sum()
     }
 
     /// How long the worker may sleep before an endpoint with work can start a request: zero
@@ -268,7 +436,7 @@ impl Endpoints {
         let share = self.share(max_in_flight);
         self.by_id
             .values()
-            .filter(|e| e.wants_to_send() && e.room(share) > 0)
+            .filter(|e| (e.wants_to_send() || (e.enabled && !e.queued.is_empty())) && e.room(share) > 0)
             .map(|e| e.rate.map_or(Duration::ZERO, |bucket| bucket.wait_for_one(now)))
             .min()
     }
@@ -284,6 +452,7 @@ impl Endpoints {
 #[cfg(test)]
 mod unit_tests {
     use super::*;
+    use crate::webhook::Message;
 
     fn endpoints(states: &[(i64, usize, bool)]) -> Endpoints {
         let mut endpoints = Endpoints::default();
@@ -308,54 +477,98 @@ mod unit_tests {
                     in_flight,
                     due_now,
                     next_due: None,
+                    queued: VecDeque::new(),
+                    failure_unrecorded: false,
                 },
             );
         }
         endpoints
     }
 
-    fn free_slots(endpoints: &Endpoints, max_in_flight: usize, in_flight: usize) -> Vec<(i64, usize)> {
-        endpoints.free_slots(max_in_flight, in_flight, Instant::now())
+    fn queue(endpoints: &mut Endpoints, id: i64, count: usize, start_by: Instant) {
+        let message = Arc::new(Message { public_id: String::new(), topic: "t".into(), body: vec![b'x'; 10], attempt: 1, headers: vec![] });
+        let state = endpoints.by_id.get_mut(&id).unwrap();
+        for n in 0..count {
+            let delivery = Claimed { message_id: n as i64, subscription_id: id, message: Arc::clone(&message) };
+            state.queued.push_back(Queued { delivery, start_by });
+        }
+    }
+
+    /// How many requests each endpoint with work (due now) may start at once, `in_flight` of
+    /// `max_in_flight` being out: every such endpoint gets a long queue, then the worker starts
+    /// what it may. The queues are emptied again.
+    fn free_slots(endpoints: &mut Endpoints, max_in_flight: usize, in_flight: usize) -> Vec<(i64, usize)> {
+        endpoints.free_slots_at(max_in_flight, in_flight, Instant::now())
+    }
+
+    impl Endpoints {
+        fn free_slots_at(&mut self, max_in_flight: usize, in_flight: usize, now: Instant) -> Vec<(i64, usize)> {
+            let due: Vec<i64> = self.by_id.values().filter(|e| e.wants_to_send()).map(|e| e.id).collect();
+            for &id in &due {
+                queue(self, id, 1000, now + Duration::from_secs(60));
+            }
+            let before: BTreeMap<i64, usize> = self.by_id.values().map(|e| (e.id, e.in_flight)).collect();
+            let (started, late) = self.start_queued(max_in_flight, in_flight, now);
+            assert!(late.is_empty());
+            let mut order = Vec::new();
+            for delivery in &started {
+                if order.last() != Some(&delivery.subscription_id) {
+                    order.push(delivery.subscription_id);
+                }
+            }
+            self.take_unsendable(true);
+            order
+                .into_iter()
+                .map(|id| {
+                    let state = self.by_id.get_mut(&id).unwrap();
+                    let count = state.in_flight - before[&id];
+                    state.in_flight = before[&id];
+                    (id, count)
+                })
+                .collect()
+        }
     }
 
     #[test]
     fn an_endpoint_alone_takes_every_slot() {
-        assert_eq!(free_slots(&endpoints(&[(1, 0, true)]), 8, 0), vec![(1, 8)]);
+        assert_eq!(free_slots(&mut endpoints(&[(1, 0, true)]), 8, 0), vec![(1, 8)]);
     }
 
     #[test]
     fn endpoints_with_work_share_the_slots() {
-        assert_eq!(free_slots(&endpoints(&[(1, 0, true), (2, 0, true)]), 8, 0), vec![(1, 4), (2, 4)]);
-        assert_eq!(free_slots(&endpoints(&[(1, 3, true), (2, 0, true)]), 8, 3), vec![(1, 1), (2, 4)]);
+        assert_eq!(free_slots(&mut endpoints(&[(1, 0, true), (2, 0, true)]), 8, 0), vec![(1, 4), (2, 4)]);
+        assert_eq!(free_slots(&mut endpoints(&[(1, 3, true), (2, 0, true)]), 8, 3), vec![(1, 1), (2, 4)]);
     }
 
     #[test]
     fn a_busy_endpoint_leaves_room_for_the_others() {
         // Endpoint 2 is idle: 1 may use 7 of 8 slots, not the last.
-        assert_eq!(free_slots(&endpoints(&[(1, 0, true), (2, 0, false)]), 8, 0), vec![(1, 7)]);
+        assert_eq!(free_slots(&mut endpoints(&[(1, 0, true), (2, 0, false)]), 8, 0), vec![(1, 7)]);
         // Endpoint 1 hangs with its 7; endpoint 2 gets work: it starts at once.
-        assert_eq!(free_slots(&endpoints(&[(1, 7, true), (2, 0, true)]), 8, 7), vec![(2, 1)]);
+        assert_eq!(free_slots(&mut endpoints(&[(1, 7, true), (2, 0, true)]), 8, 7), vec![(2, 1)]);
         // With many endpoints, at most half the slots are kept free.
         let many: Vec<(i64, usize, bool)> = (1..=10).map(|id| (id, 0, id == 1)).collect();
-        assert_eq!(free_slots(&endpoints(&many), 8, 0), vec![(1, 4)]);
+        assert_eq!(free_slots(&mut endpoints(&many), 8, 0), vec![(1, 4)]);
     }
 
     #[test]
     fn every_endpoint_with_work_gets_a_slot_however_many_share_them() {
         let many: Vec<(i64, usize, bool)> = (1..=3).map(|id| (id, 0, true)).collect();
-        let endpoints = endpoints(&many);
-        assert_eq!(free_slots(&endpoints, 2, 0), vec![(1, 1), (2, 1)]);
-        assert_eq!(free_slots(&endpoints, 2, 0), vec![(2, 1), (3, 1)], "the next round starts further on");
-        assert_eq!(free_slots(&endpoints, 2, 0), vec![(3, 1), (1, 1)]);
+        let mut endpoints = endpoints(&many);
+        assert_eq!(free_slots(&mut endpoints, 2, 0), vec![(1, 1), (2, 1)]);
+        endpoints.claims(2, 0, 100, Instant::now()); // each claim moves the turn on
+        assert_eq!(free_slots(&mut endpoints, 2, 0), vec![(2, 1), (3, 1)], "the next round starts further on");
+        endpoints.claims(2, 0, 100, Instant::now());
+        assert_eq!(free_slots(&mut endpoints, 2, 0), vec![(3, 1), (1, 1)]);
     }
 
     #[test]
     fn a_failing_endpoint_gets_one_request_at_a_time_and_the_others_their_share() {
         let mut all = endpoints(&[(1, 0, true), (2, 0, true)]);
         all.by_id.get_mut(&1).unwrap().failing_since = Some(0);
-        assert_eq!(free_slots(&all, 8, 0), vec![(1, 1), (2, 4)]);
+        assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 1), (2, 4)]);
         all.by_id.get_mut(&1).unwrap().in_flight = 1;
-        assert_eq!(free_slots(&all, 8, 1), vec![(2, 4)], "its probe is out: nothing more until it answers");
+        assert_eq!(free_slots(&mut all, 8, 1), vec![(2, 4)], "its probe is out: nothing more until it answers");
         assert_eq!(all.wait_for_due_work(8, Instant::now()), Some(Duration::ZERO), "endpoint 2 can start");
     }
 
@@ -363,14 +576,15 @@ mod unit_tests {
     fn a_disabled_endpoint_gets_nothing_and_keeps_no_room() {
         let mut all = endpoints(&[(1, 0, true), (2, 0, true)]);
         all.by_id.get_mut(&1).unwrap().enabled = false;
-        assert_eq!(free_slots(&all, 8, 0), vec![(2, 8)]);
+        assert_eq!(free_slots(&mut all, 8, 0), vec![(2, 8)]);
+        assert_eq!(all.claims(8, 0, 100, Instant::now()).iter().map(|c| c.0).collect::<Vec<_>>(), vec![2]);
     }
 
     #[test]
     fn a_subscription_caps_its_own_requests_at_once() {
         let mut all = endpoints(&[(1, 0, true)]);
         all.by_id.get_mut(&1).unwrap().max_in_flight = Some(2);
-        assert_eq!(free_slots(&all, 8, 0), vec![(1, 2)]);
+        assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 2)]);
     }
 
     #[test]
@@ -378,24 +592,88 @@ mod unit_tests {
         let start = Instant::now();
         let mut all = endpoints(&[(1, 0, true)]);
         all.by_id.get_mut(&1).unwrap().rate = Some(TokenBucket::new(50.0, start));
-        // 50/s saves up a tenth of a second: 5 at once, then one every 20 ms.
-        assert_eq!(all.free_slots(8, 0, start), vec![(1, 5)]);
-        all.started(1, 5, start);
-        all.by_id.get_mut(&1).unwrap().in_flight = 0;
-        assert_eq!(all.free_slots(8, 0, start), vec![]);
+        // 50/s saves up a tenth of a second: 5 at once, then one every 20 ms. Leased ahead: no
+        // more than its tokens let start within a timeout (5 s: 250) beyond a round (8).
+        let size = all.claims(8, 0, 1000, start);
+        assert_eq!(size, vec![(1, ClaimSize { count: 258, ahead: 0, per_round: 8, rate_limited: true })]);
+        assert_eq!(size[0].1.rounds(258), 34, "the rounds, and a timeout's wait for tokens");
+        assert_eq!(all.free_slots_at(8, 0, start), vec![(1, 5)]);
+        assert_eq!(all.free_slots_at(8, 0, start), vec![]);
         let wait = all.wait_for_due_work(8, start).unwrap();
         assert!(wait > Duration::from_millis(15) && wait <= Duration::from_millis(20), "{wait:?}");
-        assert_eq!(all.free_slots(8, 0, start + Duration::from_millis(41)), vec![(1, 2)]);
+        assert_eq!(all.free_slots_at(8, 0, start + Duration::from_millis(41)), vec![(1, 2)]);
         // Over a long run the rate holds: 1,000 rounds of 10 ms let 50/s through.
         let mut sent = 0;
         for round in 1..=1000 {
             let now = start + Duration::from_millis(10 * round);
-            if let Some(&(_, slots)) = all.free_slots(8, 0, now).first() {
-                all.started(1, slots, now);
-                all.by_id.get_mut(&1).unwrap().in_flight = 0;
+            if let Some(&(_, slots)) = all.free_slots_at(8, 0, now).first() {
                 sent += slots;
             }
         }
         assert!((495..=505).contains(&sent), "{sent} in 10 s");
+    }
+
+    #[test]
+    fn a_healthy_endpoint_leases_rounds_ahead_up_to_the_batch() {
+        let now = Instant::now();
+        // One request at a time, 5 s each: a batch of 100 queued, the last 100 rounds ahead...
+        // but no lease beyond about 10 minutes: 64 rounds at most.
+        let mut all = endpoints(&[(1, 0, true)]);
+        let size = all.claims(1, 0, 100, now);
+        assert_eq!(size, vec![(1, ClaimSize { count: 64, ahead: 0, per_round: 1, rate_limited: false })]);
+        assert_eq!(size[0].1.rounds(64), 64);
+        assert_eq!(size[0].1.rounds(2), 2, "the lease is for what was leased, not what was asked for");
+        // 32 at once: in flight and queued together stay within the batch.
+        let size = all.claims(32, 0, 100, now);
+        assert_eq!(size, vec![(1, ClaimSize { count: 100, ahead: 0, per_round: 32, rate_limited: false })]);
+        assert_eq!(size[0].1.rounds(100), 4);
+        assert_eq!(size[0].1.rounds(3), 1);
+        all.by_id.get_mut(&1).unwrap().in_flight = 30;
+        assert_eq!(all.claims(32, 30, 100, now), vec![(1, ClaimSize { count: 70, ahead: 30, per_round: 32, rate_limited: false })]);
+        // A round still queued: nothing more yet.
+        queue(&mut all, 1, 32, now + Duration::from_secs(1));
+        assert_eq!(all.claims(32, 30, 100, now), vec![]);
+        assert!(!all.want_claims(32, 30, 100, now));
+        // Below a round: refilled to the batch.
+        all.by_id.get_mut(&1).unwrap().queued.truncate(10);
+        assert_eq!(all.claims(32, 30, 100, now), vec![(1, ClaimSize { count: 60, ahead: 40, per_round: 32, rate_limited: false })]);
+        // An answer failed: until the breaker has seen it, one request at a time, none ahead.
+        all.by_id.get_mut(&1).unwrap().failure_unrecorded = true;
+        assert_eq!(all.claims(32, 30, 100, now), vec![]);
+        all.answers_recorded();
+        // A long timeout leases fewer rounds ahead.
+        Arc::get_mut(&mut all.by_id.get_mut(&1).unwrap().endpoint).unwrap().timeout = Duration::from_secs(300);
+        all.by_id.get_mut(&1).unwrap().queued.clear();
+        all.by_id.get_mut(&1).unwrap().in_flight = 0;
+        assert_eq!(all.claims(1, 0, 100, now), vec![(1, ClaimSize { count: 1, ahead: 0, per_round: 1, rate_limited: false })]);
+    }
+
+    #[test]
+    fn a_lease_covers_the_rounds_ahead_and_a_late_delivery_is_handed_back() {
+        let timeout = Duration::from_secs(5);
+        assert_eq!(lease_for(timeout, 1), (timeout + LEASE_MARGIN, LEASE_MARGIN / 2));
+        let (lease, start_within) = lease_for(timeout, 4);
+        assert_eq!(lease, Duration::from_secs(25));
+        assert!(start_within + timeout < lease, "a request started in time ends within its lease");
+        let now = Instant::now();
+        let mut all = endpoints(&[(1, 0, true)]);
+        queue(&mut all, 1, 2, now);
+        let (started, late) = all.start_queued(8, 0, now + Duration::from_millis(1));
+        assert!(started.is_empty());
+        assert_eq!(late.len(), 2, "not sent after its lease's time to start");
+    }
+
+    #[test]
+    fn queued_deliveries_of_a_disabled_endpoint_are_handed_back() {
+        let now = Instant::now();
+        let mut all = endpoints(&[(1, 0, true), (2, 0, true)]);
+        queue(&mut all, 1, 3, now + Duration::from_secs(9));
+        queue(&mut all, 2, 2, now + Duration::from_secs(9));
+        all.by_id.get_mut(&1).unwrap().enabled = false;
+        assert_eq!(all.take_unsendable(false).len(), 3);
+        assert!(all.any_queued());
+        assert_eq!(all.bytes_queued(), 20);
+        assert_eq!(all.take_unsendable(true).len(), 2);
+        assert!(!all.any_queued());
     }
 }

@@ -2,8 +2,8 @@
 -- most $3, skipping rows a SQL consumer holds; $1 is the clock. Each gets one delivery per
 -- subscription of its topic (parked while that one is disabled), which starts where the
 -- message stood (its attempts and last error: a message that was backing off keeps its
--- schedule) and, with an ordering key, waits behind the endpoint's pending delivery of that
--- key, if any. The message then waits for its deliveries (no claim takes it) and releases its
+-- schedule) and, with an ordering key, waits behind the endpoint's pending deliveries of
+-- that key, if any (they have a head, the oldest: src/ordering). The message then waits for its deliveries (no claim takes it) and releases its
 -- key: from here the order holds per endpoint. Returns how many messages it picked up, the endpoints that got new deliveries, and
 -- the ordering keys released (for src/ordering).
 WITH ready AS (
@@ -20,10 +20,16 @@ WITH ready AS (
     INSERT INTO @extschema@.outbox_delivery AS d
            (message_id, subscription_id, attempts, last_error, available_at, ordering_key, waiting_for)
     SELECT r.id, s.id, r.attempts, r.last_error, $1, r.ordering_key,
-           CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_delivery p
-                              WHERE p.subscription_id OPERATOR(pg_catalog.=) s.id
-                                AND p.ordering_key OPERATOR(pg_catalog.=) r.ordering_key
-                                AND p.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status)
+           -- (The key's head at the endpoint, looked up in outbox_delivery_key_head_idx; as an
+           -- EXISTS, the plan could read every PENDING delivery instead, at every pick-up.)
+           CASE WHEN r.ordering_key IS NOT NULL
+                 AND (SELECT true
+                        FROM @extschema@.outbox_delivery p
+                       WHERE p.subscription_id OPERATOR(pg_catalog.=) s.id
+                         AND p.ordering_key OPERATOR(pg_catalog.=) r.ordering_key
+                         AND p.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+                         AND p.waiting_for IS NULL
+                       LIMIT 1)
                 THEN 'ordering_key'::@extschema@.outbox_wait END
       FROM ready r
       JOIN @extschema@.outbox_subscription s
@@ -31,12 +37,17 @@ WITH ready AS (
     ON CONFLICT (message_id, subscription_id) DO NOTHING
     RETURNING d.message_id, d.subscription_id
 ), waiting AS (
+    -- (The ids as an array: joined to the CTE, the plan kept for the session, which cannot know
+    -- how many rows LIMIT $3 lets through, hashed the whole table.)
     UPDATE @extschema@.outbox o
        SET waiting_for = 'deliveries'::@extschema@.outbox_wait, lease_token = NULL
-      FROM ready r
-     WHERE o.id OPERATOR(pg_catalog.=) r.id
-       AND (EXISTS (SELECT FROM made m WHERE m.message_id OPERATOR(pg_catalog.=) r.id)
-            OR EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) r.id))
+     WHERE o.id OPERATOR(pg_catalog.=) ANY (ARRAY(
+               SELECT r.id
+                 FROM ready r
+                WHERE EXISTS (SELECT FROM made m WHERE m.message_id OPERATOR(pg_catalog.=) r.id)
+                   -- (A requeued message's deliveries, by outbox_delivery's key: as an EXISTS,
+                   -- the plan could read the whole table.)
+                   OR (SELECT true FROM @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) r.id LIMIT 1)))
     RETURNING o.ordering_key
 )
 SELECT (SELECT pg_catalog.count(*) FROM ready),

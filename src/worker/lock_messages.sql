@@ -1,5 +1,6 @@
--- Messages $1 still PENDING, locked (in id order) before their deliveries are counted: an
--- operator's redelivery of one of them either committed before (and is counted) or waits.
+-- Messages $1 still PENDING, locked (in id order) before their deliveries are recorded and
+-- counted: an operator's redelivery of one of them either committed before (and is counted) or
+-- waits. (outbox_redeliver locks messages, then deliveries: the worker does too.)
 SELECT o.id
   FROM @extschema@.outbox o
  WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)

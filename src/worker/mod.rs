@@ -6,17 +6,20 @@
 //! 1. **claim** (`claim.rs`): in a short transaction, make the deliveries of newly ready
 //!    messages (one per endpoint) and lease each endpoint's due deliveries, as many as its share
 //!    of the in-flight slots allows, one request per lease;
+//!    (a healthy endpoint leases a few rounds ahead: its queue refills before it runs dry);
 //! 2. **deliver** (`deliver.rs`): outside any transaction, helper threads send them, each
-//!    request on its own, with its endpoint's timeout;
+//!    request on its own, with its endpoint's timeout; as an answer comes back, the next
+//!    queued delivery of an endpoint with room starts, without waiting for a transaction;
 //! 3. **record** (`record.rs`): the answers that came back, in one short transaction with the
-//!    next claim: DONE, retried after the backoff, or DEAD; the attempt log; the messages whose
-//!    deliveries have all ended; and what they mean for their endpoints (`breaker.rs`:
-//!    failing, recovered, disabled after failing too long);
+//!    next claim (once a batch of answers is in, within [`RECORD_WITHIN`] of the first, or at
+//!    once when nothing is queued): DONE, retried after the backoff, or DEAD; the attempt log;
+//!    the messages whose deliveries have all ended; and what they mean for their endpoints
+//!    (`breaker.rs`: failing, recovered, disabled after failing too long);
 //! 4. **sleep** (`sleep.rs`): until an answer comes back, a producer commits, a delivery falls
 //!    due or the poll interval passes.
 //!
-//! SIGTERM, `pg_terminate_backend` and `DROP EXTENSION` start nothing new; the worker records
-//! what comes back within the requests' timeouts and exits. A crash leaves deliveries leased; the
+//! SIGTERM, `pg_terminate_backend` and `DROP EXTENSION` start nothing new; the worker hands
+//! back what it queued, records what comes back within the requests' timeouts and exits. A crash leaves deliveries leased; the
 //! next worker of the database (never two at once) makes them due again at its start.
 
 mod breaker;
@@ -38,6 +41,7 @@ use crate::fmgr::{sql_function, SetResult};
 use crate::settings::{self, WorkerSettings};
 use crate::spi::Spi;
 use crate::webhook::AllowedNetworks;
+use claim::Claimed;
 use deliver::{Finished, Pool};
 use endpoints::Endpoints;
 use housekeeping::Housekeeping;
@@ -53,6 +57,9 @@ const MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
 /// Stopping, the worker waits for the requests in flight (each gives up by its timeout) and
 /// then this long to record their answers.
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
+/// Answers wait at most this long to be recorded while deliveries are queued (a batch of
+/// answers, or nothing left to start, records them at once): one transaction records many.
+const RECORD_WITHIN: Duration = Duration::from_millis(10);
 
 /// The entry point of a delivery worker (a dynamic background worker the launcher starts; its
 /// argument is its registry slot, its extra data its database's name).
@@ -88,8 +95,12 @@ struct Worker {
     /// `outbox.allowed_networks`, shared with the HTTP client's resolver.
     allowed_networks: AllowedNetworks,
     pool: Pool,
-    /// Answers not yet recorded (a failed step keeps them for the next).
+    /// Answers not yet recorded (a failed step keeps them for the next), and when the first of
+    /// them came back.
     finished: Vec<Finished>,
+    finished_since: Option<Instant>,
+    /// Leased deliveries that will not be sent, to hand back in the next step.
+    handing_back: Vec<Claimed>,
     housekeeping: Housekeeping,
     /// Subscriptions and due times are read again after this.
     next_refresh: Instant,
@@ -109,9 +120,11 @@ struct Worker {
 enum Step {
     /// Not run: a step failed a moment ago (see retry_at).
     BackingOff,
+    /// Not run: nothing to record, hand back or claim.
+    NotNeeded,
     Ran {
         recorded: record::Recorded,
-        claimed: Vec<claim::Claimed>,
+        claimed: Vec<endpoints::Queued>,
     },
     NoExtension,
     WaitingForUpdate,
@@ -128,6 +141,8 @@ impl Worker {
             settings,
             endpoints: Endpoints::default(),
             finished: Vec::new(),
+            finished_since: None,
+            handing_back: Vec::new(),
             housekeeping: Housekeeping::default(),
             next_refresh: Instant::now(),
             retry_wait: FIRST_RETRY_WAIT,
@@ -180,20 +195,34 @@ impl Worker {
             self.take_answers();
 
             let claiming = !self.draining && self.settings.enabled;
+            if !claiming {
+                self.handing_back.extend(self.endpoints.take_unsendable(true));
+            }
+            self.start_queued();
             let backing_off = self.retry_at.is_some_and(|at| Instant::now() < at);
-            match if backing_off { Ok(Step::BackingOff) } else { session::transaction(|| self.step(schema, claiming)) } {
-                Ok(Step::BackingOff) => {}
+            let step = if backing_off {
+                Ok(Step::BackingOff)
+            } else if !self.step_needed(claiming) {
+                Ok(Step::NotNeeded)
+            } else {
+                session::transaction(|| self.step(schema, claiming))
+            };
+            match step {
+                Ok(Step::BackingOff | Step::NotNeeded) => {}
                 Ok(Step::Ran { recorded, claimed }) => {
                     self.retry_wait = FIRST_RETRY_WAIT;
                     self.retry_at = None;
                     self.finished.clear();
+                    self.finished_since = None;
+                    self.handing_back.clear();
+                    self.endpoints.answers_recorded();
                     self.report(&recorded);
-                    let started_at = Instant::now();
-                    for delivery in &claimed {
-                        self.endpoints.started(delivery.subscription_id, 1, started_at);
+                    for queued in claimed {
+                        if let Some(state) = self.endpoints.by_id.get_mut(&queued.delivery.subscription_id) {
+                            state.queued.push_back(queued);
+                        }
                     }
-                    let endpoints = &self.endpoints;
-                    self.pool.send(claimed, |id| endpoints.by_id[&id].endpoint.clone());
+                    self.start_queued();
                 }
                 Ok(Step::NoExtension) => {
                     pgrx::log!("outbox_ext: database \"{database}\" no longer has outbox_ext; its delivery worker stops");
@@ -214,7 +243,7 @@ impl Worker {
             self.publish_state(claiming);
 
             if self.draining {
-                let done = self.pool.in_flight() == 0 && self.finished.is_empty();
+                let done = self.pool.in_flight() == 0 && self.finished.is_empty() && self.handing_back.is_empty();
                 if done || self.drain_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                     return ExitReason::Stopped;
                 }
@@ -247,31 +276,36 @@ impl Worker {
         let recorded = record::record(&mut spi, schema, &self.finished, &policy, &mut self.endpoints);
         breaker::record(&mut spi, schema, &self.finished, &mut self.endpoints, self.settings.endpoint_disable_after);
         let mut claimed = Vec::new();
-        if claiming {
-            let now = crate::backend::now();
-            if Instant::now() >= self.next_refresh {
-                if self.endpoints.reload(schema, self.settings.http_timeout) {
-                    record::settle_orphans(&mut spi, schema);
-                }
-                self.endpoints.refresh_next_due(schema);
-                self.housekeeping.warn_about_unsubscribed_topics(&mut spi, schema, &self.endpoints.topics());
-                self.next_refresh = Instant::now() + self.settings.poll_interval;
-                self.messages_may_be_ready = true;
+        if claiming && Instant::now() >= self.next_refresh {
+            if self.endpoints.reload(schema, self.settings.http_timeout) {
+                record::settle_orphans(&mut spi, schema);
             }
+            self.endpoints.refresh_next_due(schema);
+            self.housekeeping.warn_about_unsubscribed_topics(&mut spi, schema, &self.endpoints.topics());
+            self.next_refresh = Instant::now() + self.settings.poll_interval;
+            self.messages_may_be_ready = true;
+        }
+        // Queued for endpoints disabled (by the breaker, an operator) or gone: not sent.
+        self.handing_back.extend(self.endpoints.take_unsendable(!claiming));
+        claim::hand_back(&mut spi, schema, &self.handing_back);
+        if claiming {
+            let (now, claimed_at) = (crate::backend::now(), Instant::now());
             if self.messages_may_be_ready {
                 let batch = self.settings.batch_size;
                 self.messages_may_be_ready = claim::fan_out(&mut spi, schema, &mut self.endpoints, batch, now);
             }
-            let mut budget = (self.settings.max_payload_bytes as i64 - self.pool.bytes_in_flight() as i64).max(0);
-            let free = self.endpoints.free_slots(self.settings.max_in_flight, self.pool.in_flight(), Instant::now());
-            for (subscription_id, slots) in free {
-                let nothing_in_flight = self.pool.in_flight() + claimed.len() == 0;
+            let held = self.pool.bytes_in_flight() + self.endpoints.bytes_queued();
+            let mut budget = (self.settings.max_payload_bytes as i64 - held as i64).max(0);
+            let (max_in_flight, batch) = (self.settings.max_in_flight, self.settings.batch_size as usize);
+            for (subscription_id, size) in self.endpoints.claims(max_in_flight, self.pool.in_flight(), batch, claimed_at) {
+                let nothing_in_flight = self.pool.in_flight() + claimed.len() == 0 && !self.endpoints.any_queued();
                 if budget == 0 && !nothing_in_flight {
                     break;
                 }
-                let room = claim::Room { slots, byte_budget: budget, nothing_in_flight };
-                let got = claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, room, &policy, now);
-                budget -= got.iter().map(|c| c.message.body.len() as i64).sum::<i64>();
+                let room = claim::Room { size, byte_budget: budget, nothing_in_flight };
+                let got =
+                    claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, room, &policy, (now, claimed_at));
+                budget -= got.iter().map(|q| q.delivery.message.body.len() as i64).sum::<i64>();
                 budget = budget.max(0);
                 claimed.extend(got);
             }
@@ -280,11 +314,41 @@ impl Worker {
         Step::Ran { recorded, claimed }
     }
 
+    /// Whether a step has work: answers to record (a batch of them, or the first one waiting
+    /// for [`RECORD_WITHIN`], or any when nothing is queued to start meanwhile), deliveries to
+    /// hand back, subscriptions to read again, messages that may be ready, or an endpoint that
+    /// wants more deliveries. A worker that is not claiming steps every time it wakes.
+    fn step_needed(&self, claiming: bool) -> bool {
+        if !claiming || !self.handing_back.is_empty() || self.messages_may_be_ready || Instant::now() >= self.next_refresh {
+            return true;
+        }
+        if !self.finished.is_empty() {
+            let full = self.finished.len() >= self.settings.batch_size as usize;
+            let waited = self.finished_since.is_some_and(|since| since.elapsed() >= RECORD_WITHIN);
+            if full || waited || !self.endpoints.any_queued() {
+                return true;
+            }
+        }
+        let (max_in_flight, batch) = (self.settings.max_in_flight, self.settings.batch_size as usize);
+        self.endpoints.want_claims(max_in_flight, self.pool.in_flight(), batch, Instant::now())
+    }
+
+    /// Starts the queued deliveries the endpoints have room for; those found too late to start
+    /// within their lease are handed back instead.
+    fn start_queued(&mut self) {
+        let (start, late) = self.endpoints.start_queued(self.settings.max_in_flight, self.pool.in_flight(), Instant::now());
+        self.handing_back.extend(late);
+        let endpoints = &self.endpoints;
+        self.pool.send(start, |id| endpoints.by_id[&id].endpoint.clone());
+    }
+
     /// Moves the answers that came back from the helper threads to `finished`.
     fn take_answers(&mut self) {
         for done in self.pool.take_finished() {
+            self.finished_since.get_or_insert_with(Instant::now);
             if let Some(state) = self.endpoints.by_id.get_mut(&done.subscription_id) {
                 state.in_flight = state.in_flight.saturating_sub(1);
+                state.failure_unrecorded |= !matches!(done.answer.outcome, crate::webhook::Outcome::Delivered);
             }
             self.finished.push(done);
         }
@@ -343,6 +407,9 @@ impl Worker {
             if let Some(due) = self.endpoints.earliest_due(max_in_flight) {
                 wait = wait.min(Duration::from_micros(u64::try_from(due - now).unwrap_or(0)));
             }
+        }
+        if let Some(since) = self.finished_since {
+            wait = wait.min(RECORD_WITHIN.saturating_sub(since.elapsed()));
         }
         if self.draining {
             // Whatever is still out gives up by its timeout; look at least once a second.

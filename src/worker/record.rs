@@ -58,6 +58,9 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
     if finished.is_empty() {
         return recorded;
     }
+    // The messages first, then their deliveries: the order outbox_redeliver locks them in (the
+    // other order deadlocked with it).
+    lock_messages(spi, schema, finished.iter().map(|done| done.message_id).collect());
     let (mut delivered, mut retried, mut dead) = (Columns::default(), Columns::default(), Columns::default());
     let (mut waits, mut retry_errors, mut dead_errors) = (Vec::new(), Vec::new(), Vec::new());
     let now = crate::backend::now();
@@ -131,7 +134,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
     }
 
     log_attempts(spi, schema, finished);
-    settle_messages(spi, schema, ended_messages);
+    settle_locked_messages(spi, schema, ended_messages);
     recorded
 }
 
@@ -174,14 +177,29 @@ fn log_attempts(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished]) {
     );
 }
 
+/// Locks the PENDING messages among `ids`, in id order.
+fn lock_messages(spi: &mut Spi, schema: pg_sys::Oid, mut ids: Vec<i64>) {
+    if ids.is_empty() {
+        return;
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    spi.execute(&LOCK_MESSAGES, schema, &[ids.into_datum()]);
+}
+
 /// Messages whose deliveries have all ended end too: DONE, or DEAD (policy.rs).
-pub fn settle_messages(spi: &mut Spi, schema: pg_sys::Oid, mut candidates: Vec<i64>) {
+pub fn settle_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i64>) {
+    lock_messages(spi, schema, candidates.clone());
+    settle_locked_messages(spi, schema, candidates);
+}
+
+/// [`settle_messages`] of messages this transaction has locked already.
+fn settle_locked_messages(spi: &mut Spi, schema: pg_sys::Oid, mut candidates: Vec<i64>) {
     if candidates.is_empty() {
         return;
     }
     candidates.sort_unstable();
     candidates.dedup();
-    spi.execute(&LOCK_MESSAGES, schema, &[candidates.clone().into_datum()]);
     let rows = spi.execute(&MESSAGES_TO_SETTLE, schema, &[candidates.into_datum()]);
     let (mut ids, mut statuses, mut errors) = (Vec::new(), Vec::new(), Vec::new());
     for row in 0..rows.len() {

@@ -3,11 +3,14 @@ backoff, DONE or DEAD), every HTTP attempt is logged, and an operator can replay
 real local receivers and the delivery worker of the test database."""
 
 import json
+import os
+import pathlib
 import time
 
 import psycopg
 import pytest
 
+from conftest import connect
 from support import eventually
 
 def enqueue(conn, topic, payload):
@@ -149,3 +152,34 @@ def test_unsubscribing_an_endpoint_that_has_not_taken_a_message_lets_the_message
                what="the message without endpoints to be free again")
     assert [row[0] for row in db.execute("SELECT id FROM outbox_claim(10)")] == [second]
     assert parked.requests == []
+
+
+def test_recording_an_answer_waits_for_a_redelivery_instead_of_deadlocking_with_it(fast_worker, receivers):
+    """outbox_redeliver locks the messages, then their deliveries. The worker recording an
+    answer takes them in the same order: it waits for the redelivery to commit, where the
+    other order (the delivery first) ended in a deadlock and one of them failed."""
+    db = fast_worker
+    log = pathlib.Path(os.environ["OUTBOX_TEST_SERVER_LOG"])
+    logged_before = log.stat().st_size
+    receiver = receivers()
+    receiver.answer(200, delay=1.0)  # the answer comes back while the operator holds the message
+    subscription = db.execute("SELECT outbox_subscribe('order.paid', %s)", (receiver.url,)).fetchone()[0]
+    message_id, _ = enqueue(db, "order.paid", {"n": 1})
+    receiver.wait_for(1, started=True)
+    with connect() as operator:
+        with operator.transaction():
+            # As outbox_redeliver does: the messages first...
+            operator.execute("SELECT FROM outbox WHERE id = %s FOR UPDATE", (message_id,))
+            receiver.wait_for(1)
+            # (the worker now records the answer: it must wait for the message, holding nothing)
+            eventually(lambda: db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox_ext delivery worker' AND wait_event_type = 'Lock'"
+            ).fetchone()[0] == 1, what="the worker to wait for the message")
+            # ...then its delivery (no deadlock: this does not wait for the worker).
+            operator.execute("SET LOCAL lock_timeout = '5s'")
+            operator.execute("UPDATE outbox_delivery SET last_error = 'seen by the operator' WHERE message_id = %s AND subscription_id = %s",
+                             (message_id, subscription))
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "DONE", what="DONE")
+    with log.open("rb") as server_log:
+        server_log.seek(logged_before)
+        assert b"deadlock detected" not in server_log.read(), "the worker's step failed in a deadlock"

@@ -121,7 +121,13 @@ def test_in_flight_shows_the_requests_that_hang(db, hanging):
     enqueue(db, "hang.x", 20)
     eventually(lambda: db.execute("SELECT in_flight FROM outbox_worker_status() WHERE database = current_database()").fetchone()[0] == 8,
                what="8 requests in flight (outbox.max_in_flight)")
-    assert db.execute("SELECT count(*) FROM outbox_deliveries WHERE in_flight").fetchone()[0] == 8
+    # The deliveries in the worker's hands: the 8 sent and the 12 queued behind them (a healthy
+    # endpoint is leased rounds ahead), each leased for the rounds ahead of it.
+    assert db.execute("SELECT count(*) FROM outbox_deliveries WHERE in_flight").fetchone()[0] == 20
+    time.sleep(0.5)
+    assert len(hanging.accepted) == 8, "no more than outbox.max_in_flight requests at once"
+    leases = [row[0] for row in db.execute("SELECT extract(epoch FROM available_at - clock_timestamp()) FROM outbox_deliveries ORDER BY 1")]
+    assert len(leases) == 20 and 30 + 5 < leases[-1] and all(lease <= 3 * 30 + 5 for lease in leases), leases
 
 
 def test_a_lease_covers_one_request_and_never_more_than_ten_minutes(db, receivers, hanging):
