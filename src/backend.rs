@@ -11,8 +11,7 @@ const POSTGRES_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 /// The current time (microseconds since the PostgreSQL epoch), as `clock_timestamp()` reads it.
 pub fn now() -> pg_sys::TimestampTz {
-    // SAFETY: reads the system clock; no state of ours is involved.
-    unsafe { pg_sys::GetCurrentTimestamp() }
+    pgrx::datum::clock_timestamp().into_inner()
 }
 
 /// A PostgreSQL timestamp as a system time (one before 1970 as the Unix epoch).
@@ -45,8 +44,7 @@ pub fn database_name(oid: pg_sys::Oid) -> Option<String> {
 
 /// This process's pid, as PostgreSQL knows it.
 pub fn process_id() -> i32 {
-    // SAFETY: a process global, written once at process start.
-    unsafe { pg_sys::MyProcPid }
+    std::process::id() as i32 // what PostgreSQL knows as MyProcPid
 }
 
 /// Whether SIGTERM asked this background process to stop.

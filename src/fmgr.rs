@@ -75,8 +75,7 @@ impl Args {
 
     /// Text argument `n`, as UTF-8.
     pub fn text(&self, n: usize) -> Option<String> {
-        // SAFETY: the argument is declared text (or varchar).
-        self.datum(n).map(|datum| unsafe { text::from_datum(datum) })
+        self.text_bytes(n).map(text::from_server)
     }
 
     /// Text argument `n`'s bytes in the database's encoding (for limits and for passing on).
