@@ -59,8 +59,9 @@ pub struct Room {
     pub nothing_in_flight: bool,
 }
 
-/// Leases due deliveries of endpoint `subscription_id` within `room`; dead-letters those out of attempts. `now` is the transaction's clock, `started` the same
-/// moment as an Instant. Returns them, to queue once the transaction commits.
+/// Leases due deliveries of endpoint `subscription_id` within `room`; dead-letters those out of
+/// attempts. `now` is the transaction's clock, `started` the same moment as an Instant. Returns
+/// the leased ones, to queue once the transaction commits.
 pub fn claim_for_endpoint(
     spi: &mut Spi,
     schema: pg_sys::Oid,

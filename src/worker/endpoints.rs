@@ -13,11 +13,11 @@
 //!   request at a time until one succeeds (half-open probing); failing for
 //!   `outbox.endpoint_disable_after`, it is disabled (record.rs);
 //! - a disabled endpoint gets no request: its deliveries are parked until it is enabled again;
-//! - a healthy endpoint without a rate limit leases a few rounds of requests ahead (up to
-//!   `outbox.worker_batch_size` in flight and queued): the worker starts the next as soon as an
-//!   answer comes back and records answers in batches, instead of one transaction per request.
-//!   Each lease covers the rounds ahead of it; a queued delivery not started in time is handed
-//!   back rather than sent late.
+//! - a healthy endpoint leases a few rounds of requests ahead (up to `outbox.worker_batch_size`
+//!   in flight and queued; under a rate limit, no more than its tokens let start within one
+//!   timeout): the worker starts the next as soon as an answer comes back and records answers
+//!   in batches, instead of one transaction per request. Each lease covers the rounds ahead of
+//!   it; a queued delivery not started in time is handed back rather than sent late.
 
 use super::claim::Claimed;
 use crate::spi::{Spi, Statement};

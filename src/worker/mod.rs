@@ -5,8 +5,8 @@
 //!
 //! 1. **claim** (`claim.rs`): in a short transaction, make the deliveries of newly ready
 //!    messages (one per endpoint) and lease each endpoint's due deliveries, as many as its share
-//!    of the in-flight slots allows, one request per lease;
-//!    (a healthy endpoint leases a few rounds ahead: its queue refills before it runs dry);
+//!    of the in-flight slots allows, and for a healthy endpoint a few rounds ahead, queued
+//!    (`endpoints.rs`: the queue refills before it runs dry);
 //! 2. **deliver** (`deliver.rs`): outside any transaction, helper threads send them, each
 //!    request on its own, with its endpoint's timeout; as an answer comes back, the next
 //!    queued delivery of an endpoint with room starts, without waiting for a transaction;
@@ -19,8 +19,9 @@
 //!    due or the poll interval passes.
 //!
 //! SIGTERM, `pg_terminate_backend` and `DROP EXTENSION` start nothing new; the worker hands
-//! back what it queued, records what comes back within the requests' timeouts and exits. A crash leaves deliveries leased; the
-//! next worker of the database (never two at once) makes them due again at its start.
+//! back what it queued, records what comes back within the requests' timeouts and exits. A
+//! crash leaves deliveries leased; the next worker of the database (never two at once) makes
+//! them due again at its start.
 
 mod breaker;
 mod claim;

@@ -290,3 +290,31 @@ def test_headers_the_worker_sets_or_too_many_are_refused(db, headers):
         db.execute("SELECT outbox_enqueue('booking.created', '{}', headers => %s::jsonb)", (json.dumps(headers),))
     assert "outbox_enqueue" in error.value.diag.message_primary and "headers" in error.value.diag.message_primary
     assert db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0
+
+
+def test_disabling_an_endpoint_hands_back_what_the_worker_leased_ahead(worker, receivers):
+    """A healthy endpoint is leased rounds ahead (docs/worker.md). Disabled meanwhile, the
+    deliveries the worker holds but has not sent are handed back: parked, no longer leased, and
+    their attempt not counted; nothing more is sent."""
+    db = worker
+    configure_worker({"outbox.max_in_flight": "1"})
+    receiver = receivers()
+    receiver.answer_by_default(200, delay=0.3)
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,)).fetchone()[0]
+    enqueue_many(db, 20)
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_deliveries WHERE in_flight").fetchone()[0] == 20,
+               what="20 leased: one request out, the rest queued behind it")
+    db.execute("SELECT outbox_disable_subscription(%s)", (subscription,))
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_deliveries WHERE in_flight").fetchone()[0] == 0,
+               what="the queued deliveries handed back (and the request out answered)")
+    sent = len(receiver.requests)
+    time.sleep(1)
+    assert len(receiver.requests) == sent, "nothing sent to a disabled endpoint"
+    assert 1 <= sent < 10
+    assert db.execute("SELECT count(*) FROM outbox_deliveries WHERE status = 'DONE'").fetchone()[0] == sent
+    parked = db.execute("SELECT count(*), max(attempts), bool_and(available_at <= clock_timestamp()) FROM outbox_deliveries WHERE status = 'PENDING'").fetchone()
+    assert parked == (20 - sent, 0, True), "due again, the attempt they were leased for not counted"
+    db.execute("SELECT outbox_enable_subscription(%s)", (subscription,))
+    receiver.answer_by_default(200)
+    eventually(lambda: done(db) == 20, timeout=20, what="all 20 delivered once enabled")
+    assert len(receiver.requests) == 20
