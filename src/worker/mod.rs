@@ -286,8 +286,9 @@ impl Worker {
             self.next_refresh = Instant::now() + self.settings.poll_interval;
             self.messages_may_be_ready = true;
         }
-        // Queued for endpoints disabled (by the breaker, an operator) or gone: not sent.
-        self.handing_back.extend(self.endpoints.take_unsendable(!claiming));
+        // Queued for endpoints disabled (by the breaker, an operator) or gone: not sent. (A
+        // worker not claiming emptied every queue before the step.)
+        self.handing_back.extend(self.endpoints.take_unsendable(false));
         claim::hand_back(&mut spi, schema, &self.handing_back);
         if claiming {
             let (now, claimed_at) = (crate::backend::now(), Instant::now());

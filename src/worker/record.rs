@@ -194,12 +194,11 @@ pub fn settle_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i64>)
 }
 
 /// [`settle_messages`] of messages this transaction has locked already.
-fn settle_locked_messages(spi: &mut Spi, schema: pg_sys::Oid, mut candidates: Vec<i64>) {
+/// (No order needed here: the messages were locked in id order already.)
+fn settle_locked_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i64>) {
     if candidates.is_empty() {
         return;
     }
-    candidates.sort_unstable();
-    candidates.dedup();
     let rows = spi.execute(&MESSAGES_TO_SETTLE, schema, &[candidates.into_datum()]);
     let (mut ids, mut statuses, mut errors) = (Vec::new(), Vec::new(), Vec::new());
     for row in 0..rows.len() {
