@@ -114,6 +114,9 @@ class Settings:
         self.generator_seconds = 2 if smoke else 8
         self.latency_messages = 20 if smoke else 300
         self.churn_seconds = 5 if smoke else 90
+        self.decay_seconds = 20 if smoke else 300
+        self.decay_interval = 5 if smoke else 15
+        self.decay_backlog = 10_000 if smoke else 100_000
 
 
 # --------------------------------------------------------------------------------------------
@@ -467,6 +470,56 @@ def churn(cluster, s):
     return rows
 
 
+def lease_decay(cluster, s):
+    """11. Leases over time: 16 consumers, each cycle enqueueing a batch of 10, claiming 10 with
+    a lease (committed) and completing them (committed), for s.decay_seconds; the backlog stays
+    level. Every s.decay_interval: messages claimed per second, the ready index's blocks read per
+    claim and the table's per message (pg_statio, hits and reads), the ready index's size and the
+    table's dead tuples. Goal: the last minute at ≥ 0.8 of the first, whatever autovacuum does."""
+    batch = 10
+    with cluster.connect() as conn:
+        truncate(conn, "outbox")
+        top_up(conn, "outbox", s.decay_backlog)
+    sample_sql = """SELECT t.n_tup_ins, i.idx_blks_hit + i.idx_blks_read, h.heap_blks_hit + h.heap_blks_read,
+                           pg_relation_size('outbox_ready_idx'), t.n_dead_tup, t.autovacuum_count
+                      FROM pg_stat_user_tables t, pg_statio_user_indexes i, pg_statio_user_tables h
+                     WHERE t.relname = 'outbox' AND i.indexrelname = 'outbox_ready_idx' AND h.relname = 'outbox'"""
+    consumers = threading.Thread(target=pgbench, args=("lease_cycle.sql", 16, s.decay_seconds, {"batch": batch}))
+    samples = []
+    with cluster.connect() as monitor:
+        monitor.execute("SELECT pg_stat_clear_snapshot()")
+        consumers.start()
+        started = time.monotonic()
+        while True:
+            samples.append((time.monotonic() - started, *monitor.execute(sample_sql).fetchone()))
+            monitor.execute("SELECT pg_stat_clear_snapshot()")
+            if samples[-1][0] >= s.decay_seconds:
+                break
+            time.sleep(min(s.decay_interval, s.decay_seconds - samples[-1][0] + 0.5))
+        consumers.join()
+        truncate(monitor, "outbox")
+    intervals = []
+    for (t0, ins0, idx0, heap0, *_), (t1, ins1, idx1, heap1, index_bytes, dead, autovacuums) in zip(samples, samples[1:]):
+        messages = ins1 - ins0
+        claims = messages / batch
+        intervals.append({
+            "at_s": round(t1), "claimed_per_s": messages / (t1 - t0),
+            "index_blocks_per_claim": (idx1 - idx0) / claims if claims else None,
+            "heap_blocks_per_message": (heap1 - heap0) / messages if messages else None,
+            "ready_index_mb": index_bytes / 2**20, "dead_tuples": dead, "autovacuums": autovacuums,
+        })
+
+    def window(start, end):
+        """Messages claimed per second between two times of the run, from the samples within."""
+        points = [p for p in samples if start <= p[0] <= end]
+        return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+    minute = min(60, s.decay_seconds / 3)
+    first, last = window(0, minute), window(s.decay_seconds - minute - s.decay_interval, s.decay_seconds + 1)
+    return {"consumers": 16, "batch": batch, "seconds": s.decay_seconds, "first_minute_per_s": first,
+            "last_minute_per_s": last, "ratio": last / first, "intervals": intervals}
+
+
 def protections(cluster, receiver, s):
     """9. The worker delivering a backlog to nginx (8 in flight) with a subscription as
     outbox_subscribe makes it by default, and with a rate limit and max_in_flight that never
@@ -730,6 +783,22 @@ def machine():
     return f"{os.cpu_count()} cores ({model}), {platform.system()} {platform.release()}, {postgres}"
 
 
+def lease_decay_lines(ld):
+    """Part 11 of the report: the rate and the blocks read per claim over the run."""
+    return [
+        f"## 11. Claims with a lease over {ld['seconds']} s ({ld['consumers']} consumers × {ld['batch']}, backlog kept level)",
+        "",
+        f"First minute {ld['first_minute_per_s']:.0f} msg/s, last minute {ld['last_minute_per_s']:.0f} msg/s: "
+        f"**{ld['ratio']:.2f}** (goal ≥ 0.8).",
+        "",
+        "| at s | claimed msg/s | ready-index blocks per claim | table blocks per message | ready index MB | dead tuples | autovacuums so far |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| {i['at_s']} | {i['claimed_per_s']:.0f} | {i['index_blocks_per_claim'] or 0:.0f} | {i['heap_blocks_per_message'] or 0:.1f} "
+          f"| {i['ready_index_mb']:.1f} | {i['dead_tuples']} | {i['autovacuums']} |" for i in ld["intervals"]],
+        "",
+    ]
+
+
 def report(results, s, path_md, path_png):
     e, d, f, l, w, t, c, o, p, fo = (results[k] for k in ("enqueue", "drain", "flat", "long_txn", "delivery", "latency", "churn",
                                                        "ordering", "protections", "fan_out"))
@@ -825,6 +894,7 @@ def report(results, s, path_md, path_png):
         f"The attempt log: {fo['with_log_per_s']:.0f} messages/s with it, {fo['without_log_per_s']:.0f}/s with its rows discarded "
         f"by a trigger: **{fo['log_ratio']:.2f}** (goal: within 10%).",
         "",
+        *lease_decay_lines(results["lease_decay"]),
     ]
     path_md.write_text("\n".join(lines))
 
@@ -874,7 +944,7 @@ def main():
     parser.add_argument("--port", type=int, default=25390)
     parser.add_argument("--receiver-port", type=int, default=25391)
     parser.add_argument("--output", type=pathlib.Path, default=BENCH / "results")
-    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections fan_out)")
+    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections fan_out lease_decay)")
     args = parser.parse_args()
     s = Settings(args.smoke)
     cluster, receiver = Cluster(args.port), Nginx(args.receiver_port)
@@ -890,6 +960,7 @@ def main():
         ("ordering", lambda: ordering(cluster, s)),
         ("protections", lambda: protections(cluster, receiver, s)),
         ("fan_out", lambda: fan_out(cluster, receiver, s)),
+        ("lease_decay", lambda: lease_decay(cluster, s)),
     ]
     try:
         cluster.start()

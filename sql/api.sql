@@ -111,7 +111,12 @@ AS $$
                               AND h.status = 'PENDING'::@extschema@.outbox_status
                               AND h.waiting_for IS NULL)
     ), released AS (
-        UPDATE @extschema@.outbox o SET waiting_for = NULL
+        -- Ready from now on (or from its delay's end): a claim reads the ready queue from
+        -- where it found its head (src/claim/head.rs), and a message queued behind its key
+        -- since before that would lie behind it.
+        UPDATE @extschema@.outbox o
+           SET waiting_for = NULL,
+               available_at = GREATEST(o.available_at, pg_catalog.clock_timestamp())
           FROM next
          WHERE o.id = next.id
         RETURNING o.id

@@ -119,7 +119,7 @@ SELECT id, topic, url, secret IS NOT NULL AS signed,
        timeout, enabled, created_at
   FROM outbox_subscription;
 
--- ======== new in 0.4.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.4.0 ========
 
 -- Per ordering key, at most one message is claimable (the head: the oldest PENDING one); the
 -- others wait behind it, in enqueue order, until it ends (DONE or DEAD) or is handed to the
@@ -234,3 +234,6 @@ CREATE VIEW outbox_delivery_attempts AS
 SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.duration, a.http_status, a.error
   FROM outbox_delivery_attempt a
   LEFT JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) a.subscription_id;
+
+-- ======== new in 0.5.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- No new objects: 0.5.0 changes functions only (sql/upgrades/0.4.0--0.5.0.sql).

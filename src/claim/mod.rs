@@ -5,6 +5,11 @@
 //! ready again only when the lease runs out. Without one (`lease => NULL`) nothing is written:
 //! the rows stay locked until the caller's transaction ends. A message that has had all its
 //! attempts without an outcome is dead-lettered here instead (policy.rs decides).
+//!
+//! A claim reads the ready queue from where this connection's previous claim found its head,
+//! not over the dead index entries before it (head.rs).
+
+mod head;
 
 use crate::error::{raise, OutboxError};
 use crate::fmgr::{required, sql_function, SetResult};
@@ -12,13 +17,20 @@ use crate::spi::{schema_of_function, Spi, Statement};
 use crate::{interval, ordering, settings, topic};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
+use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::time::Instant;
+
+thread_local! {
+    /// This connection's knowledge of the head of the ready queue (a backend is one thread).
+    static QUEUE_HEAD: RefCell<head::QueueHead> = RefCell::default();
+}
 
 /// The largest batch one call may claim.
 pub const MAX_BATCH_SIZE: i32 = 10_000;
 
-static LOCK: Statement = Statement::new(include_str!("lock.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID]);
+static LOCK: Statement = Statement::new(include_str!("lock.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
 
@@ -37,12 +49,16 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
         raise(OutboxError::invalid(FUNCTION, "batch_size", format!("must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}")));
     }
-    if let Some((topics, _)) = args.text_array(1) {
-        for wanted in &topics {
-            let Some(wanted) = wanted else { raise(OutboxError::null_element(FUNCTION, "topics")) };
-            topic::require_valid(FUNCTION, "topics", Some(wanted));
-        }
-    }
+    let topics: Option<Vec<String>> = args.text_array(1).map(|(topics, _)| {
+        topics
+            .into_iter()
+            .map(|wanted| {
+                let Some(wanted) = wanted else { raise(OutboxError::null_element(FUNCTION, "topics")) };
+                topic::require_valid(FUNCTION, "topics", Some(&wanted));
+                wanted
+            })
+            .collect()
+    });
     let lease = args.interval(2);
     if lease.as_ref().is_some_and(|lease| interval::sign(lease) != Ordering::Greater) {
         let shown = interval::shown(args.datum(2).expect("not NULL"));
@@ -51,12 +67,18 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     let policy = settings::retry_policy();
     // One reading of the clock for the whole claim: readiness is judged by it (not by the start
     // of the caller's transaction).
-    let claimed_at = pg_sys::Datum::from(crate::backend::now());
+    let clock = crate::backend::now();
+    let claimed_at = pg_sys::Datum::from(clock);
+    let started = Instant::now();
+    let start_from = QUEUE_HEAD.with_borrow(|queue_head| queue_head.start(&topics, started));
 
     let schema = schema_of_function(args.fcinfo());
     let mut result = SetResult::begin(&args);
     let mut spi = Spi::connect();
-    let rows = spi.execute(&LOCK, schema, &[Some(claimed_at), args.datum(1), batch_size.into_datum()]);
+    let rows = spi.execute(&LOCK, schema, &[Some(claimed_at), args.datum(1), batch_size.into_datum(), Some(start_from.into())]);
+    // The oldest locked message's available_at (microseconds).
+    let first: Option<i64> = (!rows.is_empty()).then(|| rows.get(0, 5).expect("available_at"));
+    QUEUE_HEAD.with_borrow_mut(|queue_head| queue_head.found(&topics, start_from, clock, first, started));
     let locked: Vec<Locked> = (0..rows.len())
         .map(|row| Locked {
             row: rows.datum(row, 1).expect("a whole row is never NULL"),

@@ -5,7 +5,7 @@
 import psycopg
 import pytest
 
-from conftest import configure_worker, enqueue_many
+from conftest import configure_worker, connect, enqueue_many
 from support import eventually
 from support.plans import nodes, plan_of
 
@@ -19,12 +19,13 @@ def stats(conn):
 
 def make_dead(conn, topic="booking.created", error="HTTP 500: boom"):
     [message_id] = enqueue_many(conn, 1, topic)
-    # Make it the first in line, whatever else is pending.
+    # Make it the first in line, whatever else is pending. (A connection that claimed before
+    # would find a message set back by hand only at its next read from the start, within a
+    # second: src/claim/head.rs. A new one reads from the start.)
     conn.execute("UPDATE outbox SET available_at = clock_timestamp() - interval '1 day' WHERE id = %s", (message_id,))
-    conn.execute("SET outbox.max_attempts = 1")
-    token = conn.execute("SELECT lease_token FROM outbox_claim(1, ARRAY[%s])", (topic,)).fetchone()[0]
-    assert conn.execute("SELECT outbox_fail(%s, %s, %s)", (message_id, error, token)).fetchone()[0] == "DEAD"
-    conn.execute("RESET outbox.max_attempts")
+    with connect(autocommit=True, options="-c outbox.max_attempts=1") as consumer:
+        token = consumer.execute("SELECT lease_token FROM outbox_claim(1, ARRAY[%s])", (topic,)).fetchone()[0]
+        assert consumer.execute("SELECT outbox_fail(%s, %s, %s)", (message_id, error, token)).fetchone()[0] == "DEAD"
     return message_id
 
 
