@@ -117,6 +117,7 @@ class Settings:
         self.decay_seconds = 20 if smoke else 300
         self.decay_interval = 5 if smoke else 15
         self.decay_backlog = 10_000 if smoke else 100_000
+        self.pinned_phases = (2, 2, 2) if smoke else (60, 60, 60)
 
 
 # --------------------------------------------------------------------------------------------
@@ -520,6 +521,126 @@ def lease_decay(cluster, s):
             "last_minute_per_s": last, "ratio": last / first, "intervals": intervals}
 
 
+# What each consumer style of part 12 runs, and on which table.
+PINNED_STYLES = (
+    ("essay's SQL", "essay_outbox", "enqueue_essay.sql", "drain_essay.sql", "ix_outbox_pending"),
+    ("outbox_claim, in the transaction", "outbox", "produce_paced.sql", "drain_outbox_nolease.sql", "outbox_ready_idx"),
+    ("outbox_claim with a lease", "outbox", "produce_paced.sql", "drain_outbox_lease_split.sql", "outbox_ready_idx"),
+)
+
+
+def pinned_horizon(cluster, s):
+    """12. Under a pinned horizon: 1,000 msg/s produced, two consumers at batch 20, for three
+    phases (clean, horizon pinned, recovery); the horizon pinned by a session idle in a
+    REPEATABLE READ transaction, or by a query running for the whole phase. Per phase: the p99
+    from enqueue to completion (created_at to processed_at, in the database's clock), and the
+    size of what claims scan (the index they seek and the table) at the phase's end."""
+    clean, pinned, recovery = s.pinned_phases
+    total = clean + pinned + recovery
+    rows = []
+    for holder_kind in ("idle in transaction", "running query"):
+        for style, table, produce, drain, index in PINNED_STYLES:
+            with cluster.connect() as conn:
+                truncate(conn, "outbox, essay_outbox")
+                conn.execute(f"VACUUM ANALYZE {table}")
+                conn.execute("CHECKPOINT")
+            producer = threading.Thread(target=pgbench, args=(produce, 4, total), kwargs={"rate": 1000})
+            consumer = threading.Thread(target=pgbench, args=(drain, 2, total, {"batch": 20}))
+            holder = psycopg.connect(dbname=DATABASE, autocommit=True)
+            query = threading.Thread(target=lambda: holder.execute(
+                "SELECT count(*) FROM pg_class, pg_sleep(%s)", (pinned,)))
+            sizes, blocks = {}, {}
+            producer.start()
+            consumer.start()
+            started = time.monotonic()
+            clock_at_start = holder.execute("SELECT clock_timestamp()").fetchone()[0]
+            with cluster.connect() as monitor:
+                phase = "clean"
+                while (elapsed := time.monotonic() - started) < total:
+                    if phase == "clean" and elapsed >= clean:
+                        if holder_kind == "idle in transaction":
+                            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                            holder.execute("SELECT count(*) FROM pg_class")  # takes the snapshot, then idles
+                        else:
+                            query.start()
+                        phase = "pinned"
+                    if phase == "pinned" and elapsed >= clean + pinned:
+                        if holder_kind == "idle in transaction":
+                            holder.execute("COMMIT")
+                        phase = "recovery"
+                    sample = monitor.execute(
+                        f"""SELECT pg_relation_size('{index}'), pg_table_size('{table}'),
+                                   (SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes WHERE indexrelname = '{index}'),
+                                   (SELECT heap_blks_hit + heap_blks_read FROM pg_statio_user_tables WHERE relname = '{table}')""").fetchone()
+                    sizes[phase] = sample[:2]
+                    blocks.setdefault(phase, [sample[2:], None])[1] = sample[2:]
+                    time.sleep(1)
+                producer.join()
+                consumer.join()
+                if query.ident is not None:  # started
+                    query.join()
+                holder.close()
+                latency = monitor.execute(
+                    f"""SELECT CASE WHEN processed_at < %(start)s + %(clean)s * interval '1 second' THEN 'clean'
+                                    WHEN processed_at < %(start)s + %(pin)s * interval '1 second' THEN 'pinned'
+                                    ELSE 'recovery' END,
+                               percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM processed_at - created_at) * 1000),
+                               count(*)
+                          FROM {table} WHERE status = 'DONE' GROUP BY 1""",
+                    {"start": clock_at_start, "clean": clean, "pin": clean + pinned}).fetchall()
+            p99 = {phase: (ms, count) for phase, ms, count in latency}
+            row = {"holder": holder_kind, "style": style}
+            for name in ("clean", "pinned", "recovery"):
+                ms, count = p99.get(name, (None, 0))
+                index_bytes, table_bytes = sizes.get(name, (0, 0))
+                (index_first, heap_first), (index_last, heap_last) = blocks[name]
+                row[name] = {"p99_ms": ms, "completed": count, "index_mb": index_bytes / 2**20, "table_mb": table_bytes / 2**20,
+                             "index_blocks_per_message": (index_last - index_first) / max(count, 1),
+                             "table_blocks_per_message": (heap_last - heap_first) / max(count, 1)}
+            row["p99_pinned_over_clean"] = row["pinned"]["p99_ms"] / row["clean"]["p99_ms"]
+            row["index_blocks_pinned_over_clean"] = (row["pinned"]["index_blocks_per_message"]
+                                                     / max(row["clean"]["index_blocks_per_message"], 0.01))
+            rows.append(row)
+    with cluster.connect() as conn:
+        truncate(conn, "outbox, essay_outbox")
+    return rows
+
+
+def stats_cost(cluster, s):
+    """13. What the numbers cost: outbox_stats() and outbox_depth() with 10,000 pending messages
+    and 1,000,000 ended ones (DONE and DEAD, with their deliveries), against a plain count of
+    the pending messages; median of 20 calls each, in the database (EXPLAIN ANALYZE's time)."""
+    ended = 20_000 if s.smoke else 1_000_000
+    with cluster.connect() as conn:
+        truncate(conn, "outbox, outbox_subscription")
+        conn.execute("INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('audit.exported', 'http://127.0.0.1:9/', false)")
+        conn.execute("""INSERT INTO outbox (topic, payload, status, attempts, processed_at, available_at)
+                        SELECT 'audit.exported', %s::jsonb, CASE WHEN g %% 100 = 0 THEN 'DEAD' ELSE 'DONE' END::outbox_status,
+                               1, now() - interval '1 hour', now() - interval '1 hour'
+                          FROM generate_series(1, %s) g""", (PAYLOAD, ended))
+        conn.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
+                        SELECT id, (SELECT id FROM outbox_subscription), status, 1, processed_at FROM outbox""")
+        conn.execute("INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, 10000)", (PAYLOAD,))
+        conn.execute("VACUUM ANALYZE outbox")
+        conn.execute("VACUUM ANALYZE outbox_delivery")
+
+        def median_ms(query):
+            times = []
+            for _ in range(20):
+                plan = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}").fetchone()[0][0]
+                times.append(plan["Planning Time"] + plan["Execution Time"])
+            return statistics.median(times)
+
+        result = {
+            "ended_rows": ended,
+            "stats_ms": median_ms("SELECT * FROM outbox_stats()"),
+            "depth_ms": median_ms("SELECT outbox_depth()"),
+            "count_pending_ms": median_ms("SELECT count(*) FROM outbox WHERE status = 'PENDING'"),
+        }
+        truncate(conn, "outbox, outbox_subscription")
+    return result
+
+
 def protections(cluster, receiver, s):
     """9. The worker delivering a backlog to nginx (8 in flight) with a subscription as
     outbox_subscribe makes it by default, and with a rate limit and max_in_flight that never
@@ -799,6 +920,36 @@ def lease_decay_lines(ld):
     ]
 
 
+def pinned_lines(rows, phases):
+    """Part 12 of the report: p99 and blocks per message per phase, per holder and style."""
+    def cell(phase):
+        return (f"{phase['p99_ms']:.1f} ms, {phase['index_blocks_per_message']:.1f} / {phase['table_blocks_per_message']:.1f}, "
+                f"{phase['index_mb']:.1f} / {phase['table_mb']:.1f} MB")
+    return [
+        f"## 12. Under a pinned horizon (1,000 msg/s, 2 consumers × 20, phases {phases} s)",
+        "",
+        "Each cell: p99 from enqueue to completion; blocks read per message of the index claims seek / of the table; "
+        "their sizes at the phase's end.",
+        "",
+        "| horizon held by | consumer | clean | pinned | recovery | **p99 pinned / clean** | index blocks per message, pinned / clean |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| {r['holder']} | {r['style']} | {cell(r['clean'])} | {cell(r['pinned'])} | {cell(r['recovery'])} "
+          f"| **{r['p99_pinned_over_clean']:.2f}** | {r['index_blocks_pinned_over_clean']:.2f} |" for r in rows],
+        "",
+    ]
+
+
+def stats_lines(st):
+    """Part 13 of the report."""
+    return [
+        f"## 13. What the numbers cost (10,000 pending, {st['ended_rows']:,} ended messages)",
+        "",
+        f"`outbox_stats()` **{st['stats_ms']:.1f} ms**, `outbox_depth()` {st['depth_ms']:.1f} ms; a plain count of the "
+        f"pending messages {st['count_pending_ms']:.1f} ms (goal for outbox_stats: under 10 ms).",
+        "",
+    ]
+
+
 def report(results, s, path_md, path_png):
     e, d, f, l, w, t, c, o, p, fo = (results[k] for k in ("enqueue", "drain", "flat", "long_txn", "delivery", "latency", "churn",
                                                        "ordering", "protections", "fan_out"))
@@ -895,6 +1046,8 @@ def report(results, s, path_md, path_png):
         f"by a trigger: **{fo['log_ratio']:.2f}** (goal: within 10%).",
         "",
         *lease_decay_lines(results["lease_decay"]),
+        *pinned_lines(results["pinned"], s.pinned_phases),
+        *stats_lines(results["stats"]),
     ]
     path_md.write_text("\n".join(lines))
 
@@ -944,7 +1097,7 @@ def main():
     parser.add_argument("--port", type=int, default=25390)
     parser.add_argument("--receiver-port", type=int, default=25391)
     parser.add_argument("--output", type=pathlib.Path, default=BENCH / "results")
-    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections fan_out lease_decay)")
+    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections fan_out lease_decay pinned stats)")
     args = parser.parse_args()
     s = Settings(args.smoke)
     cluster, receiver = Cluster(args.port), Nginx(args.receiver_port)
@@ -961,6 +1114,8 @@ def main():
         ("protections", lambda: protections(cluster, receiver, s)),
         ("fan_out", lambda: fan_out(cluster, receiver, s)),
         ("lease_decay", lambda: lease_decay(cluster, s)),
+        ("pinned", lambda: pinned_horizon(cluster, s)),
+        ("stats", lambda: stats_cost(cluster, s)),
     ]
     try:
         cluster.start()

@@ -147,7 +147,11 @@ AS $$
                               AND h.status = 'PENDING'::@extschema@.outbox_status
                               AND h.waiting_for IS NULL)
     ), released AS (
-        UPDATE @extschema@.outbox_delivery d SET waiting_for = NULL
+        -- Ready from now on, as in outbox_release_keys (the worker's claims, too, read from
+        -- where they last found the endpoint's head: src/claim/head.rs).
+        UPDATE @extschema@.outbox_delivery d
+           SET waiting_for = NULL,
+               available_at = GREATEST(d.available_at, pg_catalog.clock_timestamp())
           FROM next
          WHERE d.message_id = next.message_id
            AND d.subscription_id = next.subscription_id

@@ -47,7 +47,10 @@ BEGIN
           FROM @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'deliveries'::@extschema@.outbox_wait
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+        -- (The dead letters by their topic only: an index-only scan of outbox_dead_idx, which
+        -- costs what they cost, not what the history around them does.)
+        SELECT o.topic, 'DEAD'::@extschema@.outbox_status, NULL::integer, NULL::timestamptz, NULL::timestamptz, NULL::uuid,
+               NULL::timestamptz, NULL::text, NULL::@extschema@.outbox_wait
           FROM @extschema@.outbox o
          WHERE o.status = 'DEAD'::@extschema@.outbox_status
         UNION ALL
@@ -85,19 +88,25 @@ BEGIN
          WHERE NOT s.enabled
          GROUP BY GROUPING SETS ((s.topic), ())
     ), deliveries AS (
-        SELECT m.topic::text AS topic, GROUPING(m.topic) AS total,
-               count(*) FILTER (WHERE d.status = 'DEAD') AS dead,
-               clock_now - min(m.created_at) FILTER (WHERE d.status = 'PENDING') AS oldest_pending_age
-          FROM (SELECT p.message_id, p.status FROM @extschema@.outbox_delivery p
-                 WHERE p.status = 'PENDING'::@extschema@.outbox_status AND p.waiting_for IS NULL
+        SELECT d.topic, GROUPING(d.topic) AS total,
+               count(*) FILTER (WHERE d.dead) AS dead,
+               clock_now - min(d.created_at) FILTER (WHERE NOT d.dead) AS oldest_pending_age
+          FROM (SELECT m.topic::text AS topic, false AS dead, m.created_at
+                  FROM (SELECT p.message_id FROM @extschema@.outbox_delivery p
+                         WHERE p.status = 'PENDING'::@extschema@.outbox_status AND p.waiting_for IS NULL
+                        UNION ALL
+                        SELECT w.message_id FROM @extschema@.outbox_delivery w
+                         WHERE w.status = 'PENDING'::@extschema@.outbox_status
+                           AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) pending
+                  JOIN @extschema@.outbox m ON m.id = pending.message_id
                 UNION ALL
-                SELECT w.message_id, w.status FROM @extschema@.outbox_delivery w
-                 WHERE w.status = 'PENDING'::@extschema@.outbox_status AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait
-                UNION ALL
-                SELECT e.message_id, e.status FROM @extschema@.outbox_delivery e
+                -- (Dead deliveries by their endpoint's topic, which is their message's: an
+                -- index-only scan of outbox_delivery_dead_idx, no visit to the messages.)
+                SELECT s.topic::text, true, NULL::timestamptz
+                  FROM @extschema@.outbox_delivery e
+                  JOIN @extschema@.outbox_subscription s ON s.id = e.subscription_id
                  WHERE e.status = 'DEAD'::@extschema@.outbox_status) d
-          JOIN @extschema@.outbox m ON m.id = d.message_id
-         GROUP BY GROUPING SETS ((m.topic), ())
+         GROUP BY GROUPING SETS ((d.topic), ())
     )
     SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
            ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age,

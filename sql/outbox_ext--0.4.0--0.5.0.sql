@@ -40,13 +40,19 @@ $keep_grants$;
 -- What changes 0.4.0's objects on the way to 0.5.0 (the rest of the update script comes from
 -- the sources, run again: see scripts/make-upgrade-script.sh).
 --
--- Nothing to drop or move: 0.5.0 changes function bodies only. outbox_release_keys makes the
--- message it releases ready from the release on (its available_at moves up to the clock), so
--- that a claim, which reads the ready queue from where it last found its head, finds it.
+-- Nothing to drop or move. 0.5.0 changes function bodies (outbox_release_keys and
+-- outbox_release_delivery_keys make what they release ready from the release on, so that a
+-- claim, which reads the ready queue from where it last found its head, finds it;
+-- outbox_stats() counts dead letters from indexes) and adds one partial index of the dead
+-- letters (sql/schema.sql; building it reads the table once).
 
 -- ======== sql/schema.sql, what is new in 0.5.0 ========
 -- ======== new in 0.5.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
--- No new objects: 0.5.0 changes functions only (sql/upgrades/0.4.0--0.5.0.sql).
+
+-- The dead letters by topic, for outbox_stats(): counted from this index alone, whatever the
+-- history around them (outbox_processed_idx leads with the status, and its rows' topics are in
+-- the table). Maintained only when a message becomes DEAD.
+CREATE INDEX outbox_dead_idx ON outbox (topic) WHERE status OPERATOR(pg_catalog.=) 'DEAD'::outbox_status;
 
 -- ======== sql/helpers.sql ========
 -- Checks written in Rust (src/topic.rs, src/subscriptions.rs) that the schema and the SQL
@@ -261,7 +267,11 @@ AS $$
                               AND h.status = 'PENDING'::@extschema@.outbox_status
                               AND h.waiting_for IS NULL)
     ), released AS (
-        UPDATE @extschema@.outbox_delivery d SET waiting_for = NULL
+        -- Ready from now on, as in outbox_release_keys (the worker's claims, too, read from
+        -- where they last found the endpoint's head: src/claim/head.rs).
+        UPDATE @extschema@.outbox_delivery d
+           SET waiting_for = NULL,
+               available_at = GREATEST(d.available_at, pg_catalog.clock_timestamp())
           FROM next
          WHERE d.message_id = next.message_id
            AND d.subscription_id = next.subscription_id
@@ -540,7 +550,10 @@ BEGIN
           FROM @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'deliveries'::@extschema@.outbox_wait
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+        -- (The dead letters by their topic only: an index-only scan of outbox_dead_idx, which
+        -- costs what they cost, not what the history around them does.)
+        SELECT o.topic, 'DEAD'::@extschema@.outbox_status, NULL::integer, NULL::timestamptz, NULL::timestamptz, NULL::uuid,
+               NULL::timestamptz, NULL::text, NULL::@extschema@.outbox_wait
           FROM @extschema@.outbox o
          WHERE o.status = 'DEAD'::@extschema@.outbox_status
         UNION ALL
@@ -578,19 +591,25 @@ BEGIN
          WHERE NOT s.enabled
          GROUP BY GROUPING SETS ((s.topic), ())
     ), deliveries AS (
-        SELECT m.topic::text AS topic, GROUPING(m.topic) AS total,
-               count(*) FILTER (WHERE d.status = 'DEAD') AS dead,
-               clock_now - min(m.created_at) FILTER (WHERE d.status = 'PENDING') AS oldest_pending_age
-          FROM (SELECT p.message_id, p.status FROM @extschema@.outbox_delivery p
-                 WHERE p.status = 'PENDING'::@extschema@.outbox_status AND p.waiting_for IS NULL
+        SELECT d.topic, GROUPING(d.topic) AS total,
+               count(*) FILTER (WHERE d.dead) AS dead,
+               clock_now - min(d.created_at) FILTER (WHERE NOT d.dead) AS oldest_pending_age
+          FROM (SELECT m.topic::text AS topic, false AS dead, m.created_at
+                  FROM (SELECT p.message_id FROM @extschema@.outbox_delivery p
+                         WHERE p.status = 'PENDING'::@extschema@.outbox_status AND p.waiting_for IS NULL
+                        UNION ALL
+                        SELECT w.message_id FROM @extschema@.outbox_delivery w
+                         WHERE w.status = 'PENDING'::@extschema@.outbox_status
+                           AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) pending
+                  JOIN @extschema@.outbox m ON m.id = pending.message_id
                 UNION ALL
-                SELECT w.message_id, w.status FROM @extschema@.outbox_delivery w
-                 WHERE w.status = 'PENDING'::@extschema@.outbox_status AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait
-                UNION ALL
-                SELECT e.message_id, e.status FROM @extschema@.outbox_delivery e
+                -- (Dead deliveries by their endpoint's topic, which is their message's: an
+                -- index-only scan of outbox_delivery_dead_idx, no visit to the messages.)
+                SELECT s.topic::text, true, NULL::timestamptz
+                  FROM @extschema@.outbox_delivery e
+                  JOIN @extschema@.outbox_subscription s ON s.id = e.subscription_id
                  WHERE e.status = 'DEAD'::@extschema@.outbox_status) d
-          JOIN @extschema@.outbox m ON m.id = d.message_id
-         GROUP BY GROUPING SETS ((m.topic), ())
+         GROUP BY GROUPING SETS ((d.topic), ())
     )
     SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
            ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age,

@@ -236,4 +236,8 @@ SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.durati
   LEFT JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) a.subscription_id;
 
 -- ======== new in 0.5.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
--- No new objects: 0.5.0 changes functions only (sql/upgrades/0.4.0--0.5.0.sql).
+
+-- The dead letters by topic, for outbox_stats(): counted from this index alone, whatever the
+-- history around them (outbox_processed_idx leads with the status, and its rows' topics are in
+-- the table). Maintained only when a message becomes DEAD.
+CREATE INDEX outbox_dead_idx ON outbox (topic) WHERE status OPERATOR(pg_catalog.=) 'DEAD'::outbox_status;

@@ -1,6 +1,8 @@
 -- What changes 0.4.0's objects on the way to 0.5.0 (the rest of the update script comes from
 -- the sources, run again: see scripts/make-upgrade-script.sh).
 --
--- Nothing to drop or move: 0.5.0 changes function bodies only. outbox_release_keys makes the
--- message it releases ready from the release on (its available_at moves up to the clock), so
--- that a claim, which reads the ready queue from where it last found its head, finds it.
+-- Nothing to drop or move. 0.5.0 changes function bodies (outbox_release_keys and
+-- outbox_release_delivery_keys make what they release ready from the release on, so that a
+-- claim, which reads the ready queue from where it last found its head, finds it;
+-- outbox_stats() counts dead letters from indexes) and adds one partial index of the dead
+-- letters (sql/schema.sql; building it reads the table once).

@@ -9,7 +9,7 @@
 //! A claim reads the ready queue from where this connection's previous claim found its head,
 //! not over the dead index entries before it (head.rs).
 
-mod head;
+pub mod head;
 
 use crate::error::{raise, OutboxError};
 use crate::fmgr::{required, sql_function, SetResult};

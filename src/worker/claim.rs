@@ -15,8 +15,8 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::sync::Arc;
 use std::time::Instant;
 
-static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID]);
-static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID]);
+static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID]);
+static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
 static RELEASE_LEASES: Statement = Statement::new(include_str!("release_leases.sql"), &[]);
@@ -37,7 +37,16 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
     if topics.is_empty() {
         return false;
     }
-    let rows = spi.execute(&FAN_OUT, schema, &[Some(pg_sys::Datum::from(now)), topics.into_datum(), batch.into_datum()]);
+    // Read from where the last pick-up of these topics found the head (src/claim/head.rs).
+    let topics = Some(topics);
+    let started = Instant::now();
+    let start_from = endpoints.fan_out_head.start(&topics, started);
+    let rows = spi.execute(
+        &FAN_OUT,
+        schema,
+        &[Some(pg_sys::Datum::from(now)), topics.clone().into_datum(), batch.into_datum(), Some(start_from.into())],
+    );
+    endpoints.fan_out_head.found(&topics, start_from, now, rows.get(0, 4), started);
     let picked_up: i64 = rows.get(0, 1).unwrap_or(0);
     for id in rows.get::<Vec<i64>>(0, 2).unwrap_or_default() {
         if let Some(state) = endpoints.by_id.get_mut(&id) {
@@ -74,7 +83,15 @@ pub fn claim_for_endpoint(
     let Room { size, byte_budget, nothing_in_flight } = room;
     let slots = size.count;
     let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
-    let locked = spi.execute(&LOCK, schema, &[subscription_id.into_datum(), Some(pg_sys::Datum::from(now)), (slots as i32).into_datum()]);
+    // Read from where the endpoint's last claim found its head (src/claim/head.rs).
+    let start_from = state.head.start(&None, started);
+    let locked = spi.execute(
+        &LOCK,
+        schema,
+        &[subscription_id.into_datum(), Some(pg_sys::Datum::from(now)), (slots as i32).into_datum(), Some(start_from.into())],
+    );
+    let first: Option<i64> = (!locked.is_empty()).then(|| locked.get(0, 4).expect("available_at"));
+    state.head.found(&None, start_from, now, first, started);
     // (message, attempts, payload bytes) of each, oldest due first.
     let rows: Vec<(i64, i32, i64)> = (0..locked.len())
         .map(|r| (locked.get(r, 1).expect("message"), locked.get(r, 2).expect("attempts"), locked.get::<i32>(r, 3).unwrap_or(0).into()))

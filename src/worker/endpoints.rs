@@ -20,6 +20,7 @@
 //!   it; a queued delivery not started in time is handed back rather than sent late.
 
 use super::claim::Claimed;
+use crate::claim::head::QueueHead;
 use crate::spi::{Spi, Statement};
 use crate::webhook::{self, Endpoint};
 use pgrx::datum::TimestampWithTimeZone;
@@ -98,6 +99,8 @@ pub struct EndpointState {
     /// An answer failed since the last step recorded the answers: until the breaker has
     /// looked at it, the endpoint is treated as failing (one request at a time).
     pub failure_unrecorded: bool,
+    /// Where its next claim starts reading its due deliveries.
+    pub head: QueueHead,
 }
 
 /// A rate limit: `per_second` tokens a second, at most a tenth of a second's worth (and at
@@ -220,6 +223,8 @@ pub struct Endpoints {
     turn: std::cell::Cell<usize>,
     /// The subscriptions were read at least once.
     loaded: bool,
+    /// Where the next pick-up of ready messages starts reading.
+    pub fan_out_head: QueueHead,
 }
 
 impl Endpoints {
@@ -259,7 +264,8 @@ impl Endpoints {
                 .and_then(|secret| webhook::decode_secret(&secret).ok())
                 .zip(rows.get::<TimestampWithTimeZone>(row, 12).map(|until| crate::backend::to_system_time(until.into_inner())));
             let endpoint = Arc::new(Endpoint { url, signing_key, previous_key, headers: super::claim::pairs(headers), timeout });
-            let queued = self.by_id.get_mut(&id).map(|k| std::mem::take(&mut k.queued)).unwrap_or_default();
+            let (queued, head) =
+                self.by_id.get_mut(&id).map(|k| (std::mem::take(&mut k.queued), std::mem::take(&mut k.head))).unwrap_or_default();
             let known = self.by_id.get(&id);
             let (in_flight, due_now, next_due) = known.map_or((0, true, None), |k| (k.in_flight, k.due_now, k.next_due));
             let failure_unrecorded = known.is_some_and(|k| k.failure_unrecorded);
@@ -283,6 +289,7 @@ impl Endpoints {
                     next_due,
                     queued,
                     failure_unrecorded,
+                    head,
                 },
             );
         }
@@ -479,6 +486,7 @@ mod unit_tests {
                     next_due: None,
                     queued: VecDeque::new(),
                     failure_unrecorded: false,
+                    head: QueueHead::default(),
                 },
             );
         }

@@ -1,17 +1,19 @@
 -- The worker picks up ready messages of the topics it delivers ($2), oldest ready first, at
--- most $3, skipping rows a SQL consumer holds; $1 is the clock. Each gets one delivery per
+-- most $3, skipping rows a SQL consumer holds; $1 is the clock, $4 where its last pick-up found
+-- the head of the queue (src/claim/head.rs; -infinity: from the start). Each gets one delivery per
 -- subscription of its topic (parked while that one is disabled), which starts where the
 -- message stood (its attempts and last error: a message that was backing off keeps its
 -- schedule) and, with an ordering key, waits behind the endpoint's pending deliveries of
 -- that key, if any (they have a head, the oldest: src/ordering). The message then waits for its deliveries (no claim takes it) and releases its
--- key: from here the order holds per endpoint. Returns how many messages it picked up, the endpoints that got new deliveries, and
--- the ordering keys released (for src/ordering).
+-- key: from here the order holds per endpoint. Returns how many messages it picked up, the endpoints that got new deliveries,
+-- the ordering keys released (for src/ordering), and the oldest picked up's available_at.
 WITH ready AS (
-    SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key
+    SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key, o.available_at
       FROM @extschema@.outbox o
      WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
        AND o.waiting_for IS NULL
        AND o.available_at OPERATOR(pg_catalog.<=) $1
+       AND (o.available_at, o.id) OPERATOR(pg_catalog.>=) ($4, 0::pg_catalog.int8)
        AND o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($2)
      ORDER BY o.available_at, o.id
      LIMIT $3
@@ -52,4 +54,5 @@ WITH ready AS (
 )
 SELECT (SELECT pg_catalog.count(*) FROM ready),
        ARRAY(SELECT DISTINCT m.subscription_id FROM made m),
-       (SELECT pg_catalog.array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL) FROM waiting w)
+       (SELECT pg_catalog.array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL) FROM waiting w),
+       (SELECT pg_catalog.min(r.available_at) FROM ready r)

@@ -1,13 +1,16 @@
--- The due deliveries of endpoint $1 ($2: the clock), oldest first, at most $3, locked.
--- Returns each one's message, attempts so far, and the size of its payload as JSON text (each
--- computed and let go row by row: the worker chooses what fits its memory before it fetches).
-SELECT d.message_id, d.attempts, pg_catalog.octet_length(m.payload::pg_catalog.text)
+-- The due deliveries of endpoint $1 ($2: the clock), oldest first, at most $3, locked, read
+-- from $4: where the last claim found the endpoint's head (src/claim/head.rs; -infinity: from
+-- the start). Returns each one's message, attempts so far, the size of its payload as JSON
+-- text (each computed and let go row by row: the worker chooses what fits its memory before it
+-- fetches), and its available_at.
+SELECT d.message_id, d.attempts, pg_catalog.octet_length(m.payload::pg_catalog.text), d.available_at
   FROM @extschema@.outbox_delivery d
   JOIN @extschema@.outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
  WHERE d.subscription_id OPERATOR(pg_catalog.=) $1
    AND d.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
    AND d.waiting_for IS NULL
    AND d.available_at OPERATOR(pg_catalog.<=) $2
+   AND (d.available_at, d.message_id) OPERATOR(pg_catalog.>=) ($4, 0::pg_catalog.int8)
  ORDER BY d.available_at, d.message_id
  LIMIT $3
    FOR UPDATE OF d SKIP LOCKED

@@ -99,10 +99,14 @@ pub fn transaction<R>(body: impl FnOnce() -> R) -> Result<R, Failure> {
     }
     PgTryBuilder::new(AssertUnwindSafe(|| {
         let result = body();
-        // SAFETY: ends the transaction started above.
+        // SAFETY: ends the transaction started above, then does what a backend does when it
+        // goes idle: reports what the transaction wrote to the shared statistics (at most once
+        // a second; a background worker must do it itself). Autovacuum decides by them: without
+        // this, the worker's churn of the delivery tables never reached it.
         unsafe {
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
+            pg_sys::pgstat_report_stat(false);
         }
         Ok(result)
     }))

@@ -151,6 +151,25 @@ def test_an_endpoint_that_always_fails_dead_letters_the_message(worker, receiver
     assert len(receiver.requests) == 3, "a dead letter is not delivered again"
 
 
+def test_autovacuum_sees_what_the_worker_writes(worker, receiver):
+    """The worker's inserts and updates reach the statistics autovacuum decides by (a
+    background worker must report them itself; a backend does it when it goes idle): before,
+    the delivery table's counts stayed at zero while the worker ran, so autovacuum never came."""
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    worker.execute("SELECT outbox_enqueue_batch('booking.created', array_fill('{}'::jsonb, ARRAY[50]))")
+    receiver.wait_for(50)
+    eventually(lambda: worker.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 50,
+               what="every message settled")
+
+    def counted():
+        # (Each read in a transaction of its own: no cached snapshot of the statistics.)
+        return worker.execute("""SELECT n_tup_ins, n_tup_upd FROM pg_stat_user_tables
+                                   WHERE relname = 'outbox_delivery'""").fetchone()
+
+    eventually(lambda: counted()[0] >= 50 and counted()[1] >= 50, timeout=10,
+               what="the worker's 50 deliveries made and ended, in the statistics")
+
+
 def test_deliveries_reuse_their_connections(worker, receiver):
     """Each answer is read to its end, so its connection goes back to the worker's pool: a
     stream of deliveries needs about max_in_flight connections, not one each."""
