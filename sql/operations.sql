@@ -35,26 +35,27 @@ DECLARE
 BEGIN
     RETURN QUERY
     WITH live AS (
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for, 1::bigint AS n
           FROM @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for IS NULL
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for, 1::bigint AS n
           FROM @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'ordering_key'::@extschema@.outbox_wait
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for, 1::bigint AS n
           FROM @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'deliveries'::@extschema@.outbox_wait
         UNION ALL
-        -- (The dead letters by their topic only: an index-only scan of outbox_dead_idx, which
-        -- costs what they cost, not what the history around them does.)
+        -- (The dead letters counted per topic from outbox_dead_idx alone: an index-only scan
+        -- of what they are, not of the history around them, and one row per topic.)
         SELECT o.topic, 'DEAD'::@extschema@.outbox_status, NULL::integer, NULL::timestamptz, NULL::timestamptz, NULL::uuid,
-               NULL::timestamptz, NULL::text, NULL::@extschema@.outbox_wait
+               NULL::timestamptz, NULL::text, NULL::@extschema@.outbox_wait, count(*)
           FROM @extschema@.outbox o
          WHERE o.status = 'DEAD'::@extschema@.outbox_status
+         GROUP BY o.topic
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for
+        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for, 1::bigint AS n
           FROM @extschema@.outbox o
          WHERE o.status = 'DONE'::@extschema@.outbox_status AND o.processed_at > clock_now - interval '1 minute'
     ), messages AS (
@@ -64,7 +65,7 @@ BEGIN
                count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at > clock_now AND l.lease_token IS NOT NULL) AS in_flight,
                count(*) FILTER (WHERE l.status = 'PENDING' AND l.attempts > 0 AND l.lease_token IS NULL
                                   AND l.waiting_for IS NULL) AS retrying,
-               count(*) FILTER (WHERE l.status = 'DEAD') AS dead,
+               COALESCE(sum(l.n) FILTER (WHERE l.status = 'DEAD'), 0)::bigint AS dead,
                clock_now - min(l.available_at) FILTER (WHERE l.status = 'PENDING' AND l.waiting_for IS NULL
                                                          AND l.available_at <= clock_now) AS oldest_ready_age,
                clock_now - min(l.created_at) FILTER (WHERE l.status = 'PENDING') AS oldest_pending_age,
@@ -89,9 +90,9 @@ BEGIN
          GROUP BY GROUPING SETS ((s.topic), ())
     ), deliveries AS (
         SELECT d.topic, GROUPING(d.topic) AS total,
-               count(*) FILTER (WHERE d.dead) AS dead,
+               COALESCE(sum(d.n) FILTER (WHERE d.dead), 0)::bigint AS dead,
                clock_now - min(d.created_at) FILTER (WHERE NOT d.dead) AS oldest_pending_age
-          FROM (SELECT m.topic::text AS topic, false AS dead, m.created_at
+          FROM (SELECT m.topic::text AS topic, false AS dead, m.created_at, 1::bigint AS n
                   FROM (SELECT p.message_id FROM @extschema@.outbox_delivery p
                          WHERE p.status = 'PENDING'::@extschema@.outbox_status AND p.waiting_for IS NULL
                         UNION ALL
@@ -100,12 +101,13 @@ BEGIN
                            AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) pending
                   JOIN @extschema@.outbox m ON m.id = pending.message_id
                 UNION ALL
-                -- (Dead deliveries by their endpoint's topic, which is their message's: an
-                -- index-only scan of outbox_delivery_dead_idx, no visit to the messages.)
-                SELECT s.topic::text, true, NULL::timestamptz
+                -- (Dead deliveries counted by their endpoint's topic, which is their message's:
+                -- an index-only scan of outbox_delivery_dead_idx, no visit to the messages.)
+                SELECT s.topic::text, true, NULL::timestamptz, count(*)
                   FROM @extschema@.outbox_delivery e
                   JOIN @extschema@.outbox_subscription s ON s.id = e.subscription_id
-                 WHERE e.status = 'DEAD'::@extschema@.outbox_status) d
+                 WHERE e.status = 'DEAD'::@extschema@.outbox_status
+                 GROUP BY s.topic) d
          GROUP BY GROUPING SETS ((d.topic), ())
     )
     SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
