@@ -79,9 +79,9 @@ impl Args {
     }
 
     /// Text argument `n`'s bytes in the database's encoding (for limits and for passing on).
+    /// pgrx reads them as it reads a bytea's: text, varchar and bytea are all varlenas.
     pub fn text_bytes(&self, n: usize) -> Option<&[u8]> {
-        // SAFETY: the argument is declared text (or varchar); the bytes live as long as the call.
-        self.datum(n).map(|datum| unsafe { text::datum_bytes(datum) })
+        self.get::<&[u8]>(n)
     }
 
     /// jsonb argument `n`, as its text (UTF-8).
@@ -104,7 +104,8 @@ impl Args {
         // SAFETY: the argument is declared text[].
         unsafe {
             let (elements, dimensions) = crate::array::varlena_elements(datum, pg_sys::TEXTOID);
-            Some((elements.into_iter().map(|element| element.map(|e| text::from_datum(e))).collect(), dimensions))
+            let as_text = |element: pg_sys::Datum| <&[u8]>::from_polymorphic_datum(element, false, pg_sys::TEXTOID).map(text::from_server);
+            Some((elements.into_iter().map(|element| element.and_then(as_text)).collect(), dimensions))
         }
     }
 

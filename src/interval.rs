@@ -2,9 +2,7 @@
 //! durations, and shown as PostgreSQL shows them (in error messages).
 
 use pgrx::datum::Interval;
-use pgrx::pg_sys;
 use std::cmp::Ordering;
-use std::ffi::CStr;
 use std::time::Duration;
 
 /// Microseconds in an interval of these parts, a month counting 30 days (as
@@ -37,13 +35,9 @@ pub fn from_duration(value: Duration) -> Interval {
     Interval::from_micros(i64::try_from(value.as_micros()).unwrap_or(i64::MAX))
 }
 
-/// An interval datum as PostgreSQL shows it.
-pub fn shown(datum: pg_sys::Datum) -> String {
-    // SAFETY: `datum` is an interval; interval_out returns a palloc'd C string.
-    unsafe {
-        let text = pgrx::direct_function_call::<pg_sys::Datum>(pg_sys::interval_out, &[Some(datum)]).expect("interval_out returns text");
-        CStr::from_ptr(text.cast_mut_ptr()).to_string_lossy().into_owned()
-    }
+/// An interval as PostgreSQL shows it (its output function, through pgrx's `Display`).
+pub fn shown(value: &Interval) -> String {
+    value.to_string()
 }
 
 #[cfg(test)]

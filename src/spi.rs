@@ -239,8 +239,8 @@ impl Rows<'_> {
         if row >= self.count {
             return None;
         }
-        // SAFETY: the column is text.
-        self.datum(row, column).map(|datum| unsafe { crate::text::from_datum(datum) })
+        // pgrx reads a text's bytes as it reads a bytea's (both are varlenas).
+        self.get::<&[u8]>(row, column).map(crate::text::from_server)
     }
 
     /// A text[] column as UTF-8 strings (NULL elements, and a NULL array, as nothing).
@@ -248,7 +248,8 @@ impl Rows<'_> {
         let Some(datum) = self.datum(row, column) else { return Vec::new() };
         // SAFETY: the column is text[].
         unsafe {
-            crate::array::varlena_elements(datum, pg_sys::TEXTOID).0.into_iter().flatten().map(|e| crate::text::from_datum(e)).collect()
+            let elements = crate::array::varlena_elements(datum, pg_sys::TEXTOID).0.into_iter().flatten();
+            elements.filter_map(|e| <&[u8]>::from_polymorphic_datum(e, false, pg_sys::TEXTOID)).map(crate::text::from_server).collect()
         }
     }
 

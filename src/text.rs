@@ -51,30 +51,6 @@ pub fn from_server(bytes: &[u8]) -> String {
     }
 }
 
-/// The bytes of a text (or varchar) datum, in the database's encoding.
-///
-/// # Safety
-/// `datum` must be a non-NULL datum of a varlena type; the slice lives as long as the memory
-/// context the datum (or its detoasted copy) was allocated in.
-pub unsafe fn datum_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
-    // SAFETY: as the caller promises, a varlena datum: detoasted (or used as it is), its header
-    // gives the length of the data that follows it.
-    unsafe {
-        let varlena = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
-        let length = pgrx::varlena::varsize_any_exhdr(varlena);
-        std::slice::from_raw_parts(pgrx::varlena::vardata_any(varlena).cast::<u8>(), length)
-    }
-}
-
-/// A text datum as UTF-8.
-///
-/// # Safety
-/// As for [`datum_bytes`].
-pub unsafe fn from_datum(datum: pg_sys::Datum) -> String {
-    // SAFETY: as the caller promises.
-    from_server(unsafe { datum_bytes(datum) })
-}
-
 /// A text datum holding `text` (UTF-8), in the database's encoding. Characters the encoding
 /// cannot hold are escaped (`\u{20ac}`), so that writing never fails.
 pub fn to_datum(text: &str) -> pg_sys::Datum {

@@ -61,7 +61,7 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     });
     let lease = args.interval(2);
     if lease.as_ref().is_some_and(|lease| interval::sign(lease) != Ordering::Greater) {
-        let shown = interval::shown(args.datum(2).expect("not NULL"));
+        let shown = interval::shown(lease.as_ref().expect("not NULL"));
         raise(OutboxError::invalid(FUNCTION, "lease", format!("must be positive, got {shown}")));
     }
     let policy = settings::retry_policy();

@@ -32,7 +32,7 @@ const EMPTY_PAYLOAD_HINT: &str = "Use '{}'::jsonb for an empty payload.";
 fn checked_delay(function: &'static str, args: &Args, n: usize) -> pg_sys::Datum {
     let delay = required(args.interval(n), function, "delay");
     if interval::sign(&delay) == Ordering::Less {
-        let shown = interval::shown(args.datum(n).expect("not NULL"));
+        let shown = interval::shown(&delay);
         raise(OutboxError::invalid(function, "delay", format!("must not be negative, got {shown}")));
     }
     args.datum(n).expect("not NULL")

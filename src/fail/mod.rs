@@ -25,7 +25,7 @@ sql_function!(outbox_fail_c, pg_finfo_outbox_fail_c, |args| {
     }
     let retry_in = args.interval(3).map(|wait| {
         interval::to_duration(&wait).unwrap_or_else(|| {
-            let shown = interval::shown(args.datum(3).expect("not NULL"));
+            let shown = interval::shown(&wait);
             raise(OutboxError::invalid(FUNCTION, "retry_in", format!("must not be negative, got {shown}")))
         })
     });

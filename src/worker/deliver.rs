@@ -6,6 +6,7 @@
 
 use super::claim::Claimed;
 use crate::webhook::{self, AllowedNetworks, Answer, Endpoint, Message};
+use nix::sys::signal::{SigSet, SigmaskHow};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -179,43 +180,33 @@ fn helper(queue: Arc<Mutex<Receiver<Job>>>, answers: Sender<Finished>, agent: ur
 /// thread): every signal is blocked in this thread before the new one starts, so it begins
 /// life with them blocked, and this thread's mask is restored right after.
 pub fn spawn_with_signals_blocked<F: FnOnce() + Send + 'static>(body: F) -> std::thread::JoinHandle<()> {
-    // SAFETY: pthread_sigmask on the calling thread with valid sets.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut previous: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous);
-        let handle = std::thread::Builder::new().name("outbox-http".into()).spawn(body);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
-        handle.expect("starting a helper thread")
-    }
+    let previous = SigSet::all().thread_swap_mask(SigmaskHow::SIG_BLOCK).expect("blocking every signal in this thread");
+    let handle = std::thread::Builder::new().name("outbox-http".into()).spawn(body);
+    previous.thread_set_mask().expect("restoring this thread's signal mask");
+    handle.expect("starting a helper thread")
 }
 
 #[cfg(test)]
 mod unit_tests {
     use super::*;
+    use nix::sys::signal::Signal;
 
     /// Whether `signal` is blocked in the calling thread.
-    fn blocked(signal: i32) -> bool {
-        // SAFETY: reads the calling thread's mask into a set of our own.
-        unsafe {
-            let mut current: libc::sigset_t = std::mem::zeroed();
-            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut current);
-            libc::sigismember(&current, signal) == 1
-        }
+    fn blocked(signal: Signal) -> bool {
+        SigSet::thread_get_mask().expect("reading this thread's signal mask").contains(signal)
     }
 
     #[test]
     fn a_helper_thread_starts_with_every_signal_blocked_and_the_parent_keeps_its_mask() {
-        let parent_had_sigterm_blocked = blocked(libc::SIGTERM);
+        let parent_had_sigterm_blocked = blocked(Signal::SIGTERM);
         let (tell, told) = std::sync::mpsc::channel();
         spawn_with_signals_blocked(move || {
-            let all = [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGINT, libc::SIGALRM].into_iter().all(blocked);
+            let all = [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGINT, Signal::SIGALRM].into_iter().all(blocked);
             tell.send(all).unwrap();
         })
         .join()
         .unwrap();
         assert!(told.recv().unwrap(), "the helper thread could receive a signal");
-        assert_eq!(blocked(libc::SIGTERM), parent_had_sigterm_blocked);
+        assert_eq!(blocked(Signal::SIGTERM), parent_had_sigterm_blocked);
     }
 }
