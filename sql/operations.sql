@@ -35,45 +35,66 @@ DECLARE
 BEGIN
     RETURN QUERY
     WITH live AS (
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for, 1::bigint AS n
+        -- One row per PENDING message, and one per topic counting its dead letters (from
+        -- outbox_dead_idx alone: what they are, not the history around them) and one counting
+        -- its completions in the last minute. The counts are aggregated per topic only; the
+        -- total (topic NULL) is summed from those few rows: two grouping sets would aggregate
+        -- every pending row twice.
+        SELECT o.topic, o.attempts, o.available_at, o.created_at, o.lease_token, o.waiting_for,
+               0::bigint AS dead, 0::bigint AS completed
           FROM @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for IS NULL
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for, 1::bigint AS n
+        SELECT o.topic, o.attempts, o.available_at, o.created_at, o.lease_token, o.waiting_for, 0, 0
           FROM @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'ordering_key'::@extschema@.outbox_wait
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for, 1::bigint AS n
+        SELECT o.topic, o.attempts, o.available_at, o.created_at, o.lease_token, o.waiting_for, 0, 0
           FROM @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'deliveries'::@extschema@.outbox_wait
         UNION ALL
-        -- (The dead letters counted per topic from outbox_dead_idx alone: an index-only scan
-        -- of what they are, not of the history around them, and one row per topic.)
-        SELECT o.topic, 'DEAD'::@extschema@.outbox_status, NULL::integer, NULL::timestamptz, NULL::timestamptz, NULL::uuid,
-               NULL::timestamptz, NULL::text, NULL::@extschema@.outbox_wait, count(*)
+        SELECT o.topic, NULL, NULL, NULL, NULL, NULL, count(*), 0
           FROM @extschema@.outbox o
          WHERE o.status = 'DEAD'::@extschema@.outbox_status
          GROUP BY o.topic
         UNION ALL
-        SELECT o.topic, o.status, o.attempts, o.available_at, o.created_at, o.lease_token, o.processed_at, o.ordering_key, o.waiting_for, 1::bigint AS n
+        SELECT o.topic, NULL, NULL, NULL, NULL, NULL, 0, count(*)
           FROM @extschema@.outbox o
          WHERE o.status = 'DONE'::@extschema@.outbox_status AND o.processed_at > clock_now - interval '1 minute'
-    ), messages AS (
-        SELECT l.topic::text AS topic, GROUPING(l.topic) AS total,
-               count(*) FILTER (WHERE l.status = 'PENDING') AS pending,
-               count(*) FILTER (WHERE l.status = 'PENDING' AND l.waiting_for IS NULL AND l.available_at <= clock_now) AS ready,
-               count(*) FILTER (WHERE l.status = 'PENDING' AND l.available_at > clock_now AND l.lease_token IS NOT NULL) AS in_flight,
-               count(*) FILTER (WHERE l.status = 'PENDING' AND l.attempts > 0 AND l.lease_token IS NULL
-                                  AND l.waiting_for IS NULL) AS retrying,
-               COALESCE(sum(l.n) FILTER (WHERE l.status = 'DEAD'), 0)::bigint AS dead,
-               clock_now - min(l.available_at) FILTER (WHERE l.status = 'PENDING' AND l.waiting_for IS NULL
-                                                         AND l.available_at <= clock_now) AS oldest_ready_age,
-               clock_now - min(l.created_at) FILTER (WHERE l.status = 'PENDING') AS oldest_pending_age,
-               count(*) FILTER (WHERE l.status = 'DONE') AS completed_last_minute,
-               count(DISTINCT l.ordering_key) FILTER (WHERE l.waiting_for = 'ordering_key') AS blocked_keys,
-               clock_now - min(l.created_at) FILTER (WHERE l.waiting_for = 'ordering_key') AS oldest_blocked_age
+         GROUP BY o.topic
+    ), per_topic AS (
+        -- (Only a PENDING message's row has a created_at.)
+        SELECT l.topic::text AS topic,
+               count(l.created_at) AS pending,
+               count(*) FILTER (WHERE l.waiting_for IS NULL AND l.available_at <= clock_now) AS ready,
+               count(*) FILTER (WHERE l.available_at > clock_now AND l.lease_token IS NOT NULL) AS in_flight,
+               count(*) FILTER (WHERE l.attempts > 0 AND l.lease_token IS NULL AND l.waiting_for IS NULL) AS retrying,
+               sum(l.dead)::bigint AS dead,
+               min(l.available_at) FILTER (WHERE l.waiting_for IS NULL AND l.available_at <= clock_now) AS oldest_ready_at,
+               min(l.created_at) AS oldest_created_at,
+               sum(l.completed)::bigint AS completed_last_minute
           FROM live l
-         GROUP BY GROUPING SETS ((l.topic), ())
+         GROUP BY l.topic
+    ), messages AS (
+        SELECT t.topic, 0 AS total, t.pending, t.ready, t.in_flight, t.retrying, t.dead,
+               clock_now - t.oldest_ready_at AS oldest_ready_age, clock_now - t.oldest_created_at AS oldest_pending_age,
+               t.completed_last_minute
+          FROM per_topic t
+        UNION ALL
+        SELECT NULL, 1, COALESCE(sum(t.pending), 0)::bigint, COALESCE(sum(t.ready), 0)::bigint,
+               COALESCE(sum(t.in_flight), 0)::bigint, COALESCE(sum(t.retrying), 0)::bigint, COALESCE(sum(t.dead), 0)::bigint,
+               clock_now - min(t.oldest_ready_at), clock_now - min(t.oldest_created_at),
+               COALESCE(sum(t.completed_last_minute), 0)::bigint
+          FROM per_topic t
+    ), blocked AS (
+        -- (Apart from messages, over the waiting messages only: a DISTINCT aggregate there
+        -- would make the plan sort every pending row instead of hashing them.)
+        SELECT w.topic::text AS topic, GROUPING(w.topic) AS total,
+               count(DISTINCT w.ordering_key) AS keys,
+               clock_now - min(w.created_at) AS oldest_age
+          FROM @extschema@.outbox w
+         WHERE w.status = 'PENDING'::@extschema@.outbox_status AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait
+         GROUP BY GROUPING SETS ((w.topic), ())
     ), parked AS (
         SELECT s.topic::text AS topic, GROUPING(s.topic) AS total,
                count(DISTINCT s.id) AS endpoints,
@@ -101,20 +122,23 @@ BEGIN
                            AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) pending
                   JOIN @extschema@.outbox m ON m.id = pending.message_id
                 UNION ALL
-                -- (Dead deliveries counted by their endpoint's topic, which is their message's:
-                -- an index-only scan of outbox_delivery_dead_idx, no visit to the messages.)
-                SELECT s.topic::text, true, NULL::timestamptz, count(*)
-                  FROM @extschema@.outbox_delivery e
-                  JOIN @extschema@.outbox_subscription s ON s.id = e.subscription_id
-                 WHERE e.status = 'DEAD'::@extschema@.outbox_status
-                 GROUP BY s.topic) d
+                -- (Dead deliveries counted per endpoint, then by the endpoint's topic, which is
+                -- their message's: an index-only scan of outbox_delivery_dead_idx, no visit to
+                -- the messages, and a join of one row per endpoint.)
+                SELECT s.topic::text, true, NULL::timestamptz, e.n
+                  FROM (SELECT e.subscription_id, count(*) AS n
+                          FROM @extschema@.outbox_delivery e
+                         WHERE e.status = 'DEAD'::@extschema@.outbox_status
+                         GROUP BY e.subscription_id) e
+                  JOIN @extschema@.outbox_subscription s ON s.id = e.subscription_id) d
          GROUP BY GROUPING SETS ((d.topic), ())
     )
     SELECT ms.topic, ms.pending, ms.ready, ms.in_flight, ms.retrying, ms.dead, ms.oldest_ready_age,
            ms.oldest_pending_age, ms.completed_last_minute, COALESCE(ds.dead, 0), ds.oldest_pending_age,
-           ms.blocked_keys, ms.oldest_blocked_age, COALESCE(ps.endpoints, 0), COALESCE(ps.deliveries, 0)
+           COALESCE(bk.keys, 0), bk.oldest_age, COALESCE(ps.endpoints, 0), COALESCE(ps.deliveries, 0)
       FROM messages ms
       LEFT JOIN deliveries ds ON ds.total = ms.total AND ds.topic IS NOT DISTINCT FROM ms.topic
+      LEFT JOIN blocked bk ON bk.total = ms.total AND bk.topic IS NOT DISTINCT FROM ms.topic
       LEFT JOIN parked ps ON ps.total = ms.total AND ps.topic IS NOT DISTINCT FROM ms.topic
      ORDER BY ms.topic NULLS FIRST;
 END

@@ -235,9 +235,12 @@ SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.durati
   FROM outbox_delivery_attempt a
   LEFT JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) a.subscription_id;
 
--- ======== new in 0.5.0 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.0 ========
 
 -- The dead letters by topic, for outbox_stats(): counted from this index alone, whatever the
 -- history around them (outbox_processed_idx leads with the status, and its rows' topics are in
 -- the table). Maintained only when a message becomes DEAD.
 CREATE INDEX outbox_dead_idx ON outbox (topic) WHERE status OPERATOR(pg_catalog.=) 'DEAD'::outbox_status;
+
+-- ======== new in 0.5.1 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- No new objects: 0.5.1 changes one function's body (sql/upgrades/0.5.0--0.5.1.sql).

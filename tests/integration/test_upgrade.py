@@ -17,7 +17,7 @@ from support import EVERY_STATE, STATE, eventually, fresh_database
 from support.receiver import Receiver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PREVIOUS = ["0.1.0", "0.2.0", "0.3.0", "0.4.0"]
+PREVIOUS = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0"]
 CURRENT = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
 # Scripts of released versions, frozen: their SHA-256 (a release adds its scripts here).
 RELEASED = ROOT / "sql/released.sha256"
@@ -25,6 +25,31 @@ RELEASED = ROOT / "sql/released.sha256"
 
 def version_key(version):
     return tuple(int(part) for part in version.split("."))
+
+
+# Since 0.4.0: ordering keys (a head and one waiting behind it), a message handed to its
+# endpoints with a delivery parked at a disabled one and a dead one at another, and the attempt
+# log. Of topics the update's worker leaves alone: nobody subscribes to booking.keyed, and a
+# message whose deliveries have not all ended is not settled.
+KEYS_AND_DELIVERIES = """
+INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('audit.exported', 'https://second.example.test/', false);
+INSERT INTO outbox (topic, payload, ordering_key, waiting_for) VALUES
+    ('booking.keyed', '{"n": 1}', 'booking:1', NULL),
+    ('booking.keyed', '{"n": 2}', 'booking:1', 'ordering_key'),
+    ('audit.exported', '{"n": 3}', 'audit:1', 'deliveries');
+INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, last_error, processed_at, ordering_key)
+SELECT m.id, s.id, CASE WHEN s.url LIKE '%second%' THEN 'DEAD' ELSE 'PENDING' END::outbox_status, 3, 'HTTP 503',
+       CASE WHEN s.url LIKE '%second%' THEN now() END, m.ordering_key
+  FROM outbox m, outbox_subscription s WHERE m.topic = 'audit.exported';
+INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status, error)
+SELECT message_id, subscription_id, 3, now(), interval '20 ms', 503, NULL FROM outbox_delivery;
+"""
+DELIVERY_STATE = """
+SELECT m.payload->>'n', s.url, d.status, d.attempts, d.last_error, d.processed_at IS NOT NULL, d.ordering_key, d.waiting_for::text,
+       (SELECT count(*) FROM outbox_delivery_attempt a WHERE a.message_id = d.message_id AND a.subscription_id = d.subscription_id)
+  FROM outbox_delivery d JOIN outbox m ON m.id = d.message_id JOIN outbox_subscription s ON s.id = d.subscription_id
+ ORDER BY 1, 2
+"""
 
 
 def extension_directory():
@@ -131,8 +156,13 @@ def test_update_from_a_previous_version_keeps_data_and_matches_a_fresh_install(d
         assert views
         old.execute(f"GRANT SELECT ON {', '.join(views)} TO outbox_upgrade_mon")
         old.execute("GRANT EXECUTE ON FUNCTION outbox_claim(integer, text[], interval) TO outbox_upgrade_mon")
+        with_deliveries = version_key(previous) >= (0, 4, 0)
+        if with_deliveries:
+            old.execute(KEYS_AND_DELIVERIES)
+            deliveries_before = old.execute(DELIVERY_STATE).fetchall()
+            assert len(deliveries_before) == 2
         before = old.execute(STATE).fetchall()
-        secret = old.execute("SELECT secret FROM outbox_subscription").fetchone()[0]
+        secret = old.execute("SELECT secret FROM outbox_subscription WHERE url LIKE 'https://hooks.%'").fetchone()[0]
 
         old.execute("ALTER EXTENSION outbox_ext UPDATE")
         assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'").fetchone()[0] == default_version
@@ -150,7 +180,15 @@ def test_update_from_a_previous_version_keeps_data_and_matches_a_fresh_install(d
         old.execute("DROP ROLE outbox_upgrade_mon")
         assert old.execute(SCHEMA_FINGERPRINT).fetchall() == expected_schema
         assert old.execute(STATE).fetchall() == before
-        assert old.execute("SELECT secret FROM outbox_subscription").fetchone()[0] == secret
+        assert old.execute("SELECT secret FROM outbox_subscription WHERE url LIKE 'https://hooks.%'").fetchone()[0] == secret
+        if with_deliveries:
+            assert old.execute(DELIVERY_STATE).fetchall() == deliveries_before
+            # The key still orders its messages: the head is claimed, the one behind it waits.
+            assert old.execute("SELECT payload->>'n' FROM outbox_claim(10, ARRAY['booking.keyed'], lease => NULL)").fetchall() \
+                == [("1",)]
+            old.execute("DELETE FROM outbox_subscription WHERE url LIKE 'https://second.%'")
+            old.execute("DELETE FROM outbox WHERE topic IN ('booking.keyed', 'audit.exported')")
+            old.execute("DELETE FROM outbox_delivery_attempt")
 
         # The API works on the upgraded data, old and new functions alike.
         assert old.execute("SELECT id, payload FROM outbox_enqueue('booking.created', '{}', dedupe_key => 'k2')").fetchone() == (2, None)
