@@ -641,6 +641,55 @@ def stats_cost(cluster, s):
     return result
 
 
+def bulk_load(cluster, s):
+    """14. Bulk loads, one client, one transaction each: COPY of the payloads into the plain
+    table, against the path docs/api.md gives a producer (it may not write the table itself):
+    COPY into a temporary table, then one outbox_enqueue_batch of all of them. Alternating
+    rounds, median rows/s."""
+    rows = 10_000 if s.smoke else 200_000
+    assert not any(c in PAYLOAD for c in "\\\t\n\r"), "the payload is written to COPY's text format as it is"
+    data = (PAYLOAD + "\n").encode() * rows
+
+    def plain(conn):
+        with conn.cursor().copy("COPY plain_queue (payload) FROM STDIN") as copy:
+            copy.write(data)
+
+    def outbox(conn):
+        conn.execute("CREATE TEMP TABLE staging (n bigserial, payload jsonb) ON COMMIT DROP")
+        with conn.cursor().copy("COPY staging (payload) FROM STDIN") as copy:
+            copy.write(data)
+        loaded = conn.execute("SELECT count(*) FROM outbox_enqueue_batch('booking.imported', "
+                              "ARRAY(SELECT payload FROM staging ORDER BY n))").fetchone()[0]
+        assert loaded == rows
+
+    rates = {"plain": [], "outbox": []}
+    for _ in range(s.enqueue_rounds + 1):
+        for name, table, load in (("plain", "plain_queue", plain), ("outbox", "outbox", outbox)):
+            with cluster.connect() as conn:
+                truncate(conn, table)
+                conn.execute("CHECKPOINT")
+            with cluster.connect() as conn:
+                began = time.monotonic()
+                with conn.transaction():
+                    load(conn)
+                rates[name].append(rows / (time.monotonic() - began))
+    with cluster.connect() as conn:
+        truncate(conn, "outbox, plain_queue")
+    plain_per_s, outbox_per_s = statistics.median(rates["plain"]), statistics.median(rates["outbox"])
+    return {"rows": rows, "plain_per_s": plain_per_s, "outbox_per_s": outbox_per_s, "ratio": outbox_per_s / plain_per_s}
+
+
+def bulk_lines(b):
+    """Part 14 of the report."""
+    return [
+        f"## 14. Bulk loads ({b['rows']:,} payloads in one transaction, one client)",
+        "",
+        f"COPY into the plain table {b['plain_per_s']:,.0f} rows/s; COPY into a temporary table, then one "
+        f"`outbox_enqueue_batch` {b['outbox_per_s']:,.0f} msg/s: **{b['ratio']:.2f}** of the plain COPY.",
+        "",
+    ]
+
+
 def protections(cluster, receiver, s):
     """9. The worker delivering a backlog to nginx (8 in flight) with a subscription as
     outbox_subscribe makes it by default, and with a rate limit and max_in_flight that never
@@ -1048,6 +1097,7 @@ def report(results, s, path_md, path_png):
         *lease_decay_lines(results["lease_decay"]),
         *pinned_lines(results["pinned"], s.pinned_phases),
         *stats_lines(results["stats"]),
+        *bulk_lines(results["bulk"]),
     ]
     path_md.write_text("\n".join(lines))
 
@@ -1097,7 +1147,7 @@ def main():
     parser.add_argument("--port", type=int, default=25390)
     parser.add_argument("--receiver-port", type=int, default=25391)
     parser.add_argument("--output", type=pathlib.Path, default=BENCH / "results")
-    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections fan_out lease_decay pinned stats)")
+    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections fan_out lease_decay pinned stats bulk)")
     args = parser.parse_args()
     s = Settings(args.smoke)
     cluster, receiver = Cluster(args.port), Nginx(args.receiver_port)
@@ -1116,6 +1166,7 @@ def main():
         ("lease_decay", lambda: lease_decay(cluster, s)),
         ("pinned", lambda: pinned_horizon(cluster, s)),
         ("stats", lambda: stats_cost(cluster, s)),
+        ("bulk", lambda: bulk_load(cluster, s)),
     ]
     try:
         cluster.start()

@@ -86,6 +86,33 @@ def test_a_producer_cannot_read_what_it_did_not_write(db, roles):
             producer.execute("SELECT payload FROM outbox")
 
 
+# The bulk load docs/api.md gives a producer, which may not write the table itself.
+BULK_LOAD = (
+    "CREATE TEMP TABLE staging (n bigserial, payload jsonb) ON COMMIT DROP",
+    "COPY staging (payload) FROM STDIN",
+    "SELECT count(*) FROM outbox_enqueue_batch('booking.imported', ARRAY(SELECT payload FROM staging ORDER BY n))",
+)
+
+
+def test_a_producer_bulk_loads_through_copy_into_a_temporary_table(db, roles):
+    create, copy_in, enqueue = BULK_LOAD
+    with connect(user="app_producer") as producer:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with producer.cursor().copy("COPY outbox (topic, payload) FROM STDIN") as copy:
+                copy.write_row(("booking.imported", "{}"))
+        producer.rollback()
+        producer.execute(create)
+        with producer.cursor().copy(copy_in) as copy:
+            for n in range(2_000):
+                copy.write_row((f'{{"n": {n}}}',))
+        assert producer.execute(enqueue).fetchone()[0] == 2_000
+        assert db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0, "visible before the load commits"
+        producer.commit()
+    # Recorded in the order of the file, and claimable like any other messages.
+    assert [row[0] for row in db.execute("SELECT (payload->>'n')::int FROM outbox ORDER BY id")] == list(range(2_000))
+    assert db.execute("SELECT count(*) FROM outbox_claim(10000, ARRAY['booking.imported'])").fetchone()[0] == 2_000
+
+
 def test_a_hostile_search_path_cannot_hijack_the_api(db, roles):
     """The producer owns a schema with look-alikes of what the API uses (an operator and
     functions) that would record who ran them. Called with that schema first on its
