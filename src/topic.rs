@@ -60,6 +60,12 @@ pub fn require_valid(function: &'static str, argument: &'static str, topic: Opti
     or_raise(validate(function, argument, topic));
 }
 
+/// The topic argument, valid (else the error, raised).
+pub fn valid_argument(function: &'static str, argument: &'static str, topic: Option<String>) -> String {
+    require_valid(function, argument, topic.as_deref());
+    topic.unwrap_or_default() // (require_valid raised for NULL)
+}
+
 // The symbol names of these two are those pgrx gave them until 0.3.0: databases not yet
 // updated (ALTER EXTENSION outbox_ext UPDATE) call them by those names.
 

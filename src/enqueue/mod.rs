@@ -83,7 +83,7 @@ fn insert(spi: &mut Spi, schema: pg_sys::Oid, arguments: [Option<pg_sys::Datum>;
 // headers jsonb) RETURNS outbox
 sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     const FUNCTION: &str = "outbox_enqueue";
-    topic::require_valid(FUNCTION, "topic", args.text(0).as_deref());
+    let topic = topic::valid_argument(FUNCTION, "topic", args.text(0));
     if args.is_null(1) {
         raise(OutboxError::null(FUNCTION, "payload").with_hint(EMPTY_PAYLOAD_HINT));
     }
@@ -95,8 +95,9 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     }
     subscriptions::check_headers_argument(FUNCTION, &args, 5);
 
-    // When this transaction commits, an idle delivery worker starts at once.
-    worker::wake_at_commit();
+    // When this transaction commits, an idle delivery worker that delivers the topic starts at
+    // once.
+    worker::wake_at_commit(&topic);
 
     let schema = schema_of_function(args.fcinfo());
     let mut spi = Spi::connect();
@@ -110,7 +111,7 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
 // RETURNS SETOF outbox
 sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     const FUNCTION: &str = "outbox_enqueue_batch";
-    topic::require_valid(FUNCTION, "topic", args.text(0).as_deref());
+    let topic = topic::valid_argument(FUNCTION, "topic", args.text(0));
     let payloads = required(args.datum(1), FUNCTION, "payloads");
     let (dimensions, has_nulls) = args.array_shape(1).expect("not NULL");
     if dimensions > 1 {
@@ -126,7 +127,7 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     if dimensions == 0 {
         return SetResult::begin(&args).finish(); // an empty array: nothing to record
     }
-    worker::wake_at_commit();
+    worker::wake_at_commit(&topic);
 
     let schema = schema_of_function(args.fcinfo());
     let mut result = SetResult::begin(&args);

@@ -34,8 +34,10 @@ mod record;
 pub mod registry;
 mod session;
 mod sleep;
+mod topic_filter;
 
 pub use registry::wake_worker_at_commit as wake_at_commit;
+use topic_filter::TopicFilter;
 
 use crate::backend::shutdown_requested;
 use crate::fmgr::{sql_function, SetResult};
@@ -254,9 +256,11 @@ impl Worker {
             }
             let woken = sleep::wait(Some(self.pool.wake_fd()), self.sleep_time());
             if woken.by_latch {
-                // A producer committed (or an operator redelivered): look again at once.
+                // A producer committed messages of a topic we deliver (or an operator changed
+                // something): look again at once; read the subscriptions again only if an
+                // operator's function asked for it, not at every producer's commit.
                 self.messages_may_be_ready = true;
-                if !woken.by_answer {
+                if registry::take_reload_request(self.slot) {
                     self.next_refresh = Instant::now();
                 }
             }
@@ -281,8 +285,10 @@ impl Worker {
             if self.endpoints.reload(schema, self.settings.http_timeout) {
                 record::settle_orphans(&mut spi, schema);
             }
+            let topics = self.endpoints.topics();
+            registry::publish_topics(self.slot, TopicFilter::of_all(topics.iter().map(String::as_str)));
             self.endpoints.refresh_next_due(schema);
-            self.housekeeping.warn_about_unsubscribed_topics(&mut spi, schema, &self.endpoints.topics());
+            self.housekeeping.warn_about_unsubscribed_topics(&mut spi, schema, &topics);
             self.next_refresh = Instant::now() + self.settings.poll_interval;
             self.messages_may_be_ready = true;
         }

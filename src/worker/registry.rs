@@ -5,10 +5,11 @@
 //! It exists only when the library is preloaded; without it, waking is a no-op and the status
 //! function returns no rows.
 
+use super::topic_filter::TopicFilter;
 use crate::backend::{now, process_id};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Slots for workers: `outbox.max_workers` may be set up to this.
 pub const SLOTS: usize = 64;
@@ -86,6 +87,11 @@ pub struct Slot {
     pub leave_now: bool,
     /// Set by the worker as it exits; read (and reset) by the launcher.
     pub exit_reason: ExitReason,
+    /// The topics the worker delivers: a producer's commit of other topics does not wake it.
+    topics: TopicFilter,
+    /// Set with the latch by an operator's function (a subscription changed, a redelivery):
+    /// read the subscriptions again.
+    reload_requested: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -252,6 +258,17 @@ pub fn update(slot: usize, change: impl FnOnce(&mut Slot)) {
     change(&mut REGISTRY.exclusive().slots[slot]);
 }
 
+/// The worker in `slot` delivers these topics (from the subscriptions it has just read).
+pub fn publish_topics(slot: usize, topics: TopicFilter) {
+    REGISTRY.exclusive().slots[slot].topics = topics;
+}
+
+/// Whether an operator's function asked the worker in `slot` to read the subscriptions again
+/// since it last asked (and forgets the request).
+pub fn take_reload_request(slot: usize) -> bool {
+    std::mem::take(&mut REGISTRY.exclusive().slots[slot].reload_requested)
+}
+
 /// Whether another process asked the worker in `slot` to leave at once.
 pub fn must_leave_now(slot: usize) -> bool {
     REGISTRY.share().slots[slot].leave_now
@@ -259,8 +276,10 @@ pub fn must_leave_now(slot: usize) -> bool {
 
 // ---- wake-ups ----------------------------------------------------------------------------
 
-/// Whether this transaction owes a wake-up at commit, and whether it may ask the launcher.
-static WAKE_AT_COMMIT: AtomicBool = AtomicBool::new(false);
+/// The topics this transaction enqueued whose worker it owes a wake-up at commit (none: no
+/// wake-up owed), and whether it changed something the worker reads (it may also ask the
+/// launcher for a worker).
+static WAKE_FOR_TOPICS: AtomicU64 = AtomicU64::new(0);
 static ANNOUNCE_AT_COMMIT: AtomicBool = AtomicBool::new(false);
 static CALLBACK_REGISTERED: AtomicBool = AtomicBool::new(false);
 
@@ -270,57 +289,69 @@ unsafe extern "C-unwind" fn on_transaction_end(event: pg_sys::XactEvent::Type, _
         // The commit is visible to other sessions by now: the woken worker will see the rows.
         pg_sys::XactEvent::XACT_EVENT_COMMIT => {
             let announce = ANNOUNCE_AT_COMMIT.swap(false, Ordering::Relaxed);
-            if WAKE_AT_COMMIT.swap(false, Ordering::Relaxed) {
-                wake_workers_of(crate::backend::database_id().to_u32(), announce);
+            let topics = TopicFilter::from_bits(WAKE_FOR_TOPICS.swap(0, Ordering::Relaxed));
+            if topics != TopicFilter::NONE {
+                wake_workers_of(crate::backend::database_id().to_u32(), topics, announce);
             }
         }
         pg_sys::XactEvent::XACT_EVENT_ABORT
         | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
         | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT => {
-            WAKE_AT_COMMIT.store(false, Ordering::Relaxed);
+            WAKE_FOR_TOPICS.store(0, Ordering::Relaxed);
             ANNOUNCE_AT_COMMIT.store(false, Ordering::Relaxed);
         }
         _ => {}
     }
 }
 
-/// Sets the latch of `database_oid`'s worker. Without one, and when `announce` is set, tells
-/// the launcher about the database (it starts a worker if the database has the extension).
-fn wake_workers_of(database_oid: u32, announce: bool) {
-    let registry = REGISTRY.share();
-    let workers: Vec<usize> = registry.slots.iter().filter(|s| s.pid != 0 && s.database_oid == database_oid).map(|s| s.latch).collect();
-    drop(registry);
-    if !workers.is_empty() {
-        workers.into_iter().for_each(set_latch);
+/// Sets the latch of `database_oid`'s worker if it delivers one of `topics`; with `announce`
+/// (an operator's change), whatever it delivers, asking it to read the subscriptions again.
+/// Without a worker, and with `announce`, tells the launcher about the database (it starts a
+/// worker if the database has the extension).
+fn wake_workers_of(database_oid: u32, topics: TopicFilter, announce: bool) {
+    let running = |slot: &Slot| slot.pid != 0 && slot.database_oid == database_oid;
+    if !announce {
+        // (A producer's commit: a shared lock, many commit at once.)
+        let registry = REGISTRY.share();
+        registry.slots.iter().filter(|s| running(s) && s.topics.overlaps(topics)).for_each(|s| set_latch(s.latch));
         return;
     }
-    if announce {
-        let mut registry = REGISTRY.exclusive();
-        let count = registry.announced_count;
-        if !registry.announced[..count].contains(&database_oid) {
-            if count < ANNOUNCED {
-                registry.announced[count] = database_oid;
-                registry.announced_count += 1;
-            } else {
-                registry.announced_overflow = true;
-            }
-        }
-        set_latch(registry.launcher_latch);
+    let mut registry = REGISTRY.exclusive();
+    let mut any_running = false;
+    for slot in registry.slots.iter_mut().filter(|s| running(s)) {
+        slot.reload_requested = true;
+        set_latch(slot.latch);
+        any_running = true;
     }
+    if any_running {
+        return;
+    }
+    let count = registry.announced_count;
+    if !registry.announced[..count].contains(&database_oid) {
+        if count < ANNOUNCED {
+            registry.announced[count] = database_oid;
+            registry.announced_count += 1;
+        } else {
+            registry.announced_overflow = true;
+        }
+    }
+    set_latch(registry.launcher_latch);
 }
 
-/// When this transaction commits, wake the database's delivery worker (a producer's enqueue).
-pub fn wake_worker_at_commit() {
-    at_commit(false);
+/// When this transaction commits, wake the database's delivery worker if it delivers `topic`
+/// (a producer's enqueue).
+pub fn wake_worker_at_commit(topic: &str) {
+    at_commit(TopicFilter::of(topic), false);
 }
 
-/// When this transaction commits, wake the database's delivery worker, or have the launcher
-/// start one (CREATE EXTENSION, ALTER EXTENSION UPDATE, a redelivery).
+/// When this transaction commits, wake the database's delivery worker and have it read the
+/// subscriptions again, or have the launcher start one (CREATE EXTENSION, ALTER EXTENSION
+/// UPDATE, a subscription changed, a redelivery).
 pub fn wake_or_start_worker_at_commit() {
-    at_commit(true);
+    at_commit(TopicFilter::ALL, true);
 }
 
-fn at_commit(announce: bool) {
+fn at_commit(topics: TopicFilter, announce: bool) {
     if !available() {
         return; // not preloaded: there is no worker to wake
     }
@@ -328,7 +359,7 @@ fn at_commit(announce: bool) {
         // SAFETY: registers a transaction callback for the rest of the session.
         unsafe { pg_sys::RegisterXactCallback(Some(on_transaction_end), std::ptr::null_mut()) };
     }
-    WAKE_AT_COMMIT.store(true, Ordering::Relaxed);
+    WAKE_FOR_TOPICS.fetch_or(topics.bits(), Ordering::Relaxed);
     if announce {
         ANNOUNCE_AT_COMMIT.store(true, Ordering::Relaxed);
     }

@@ -217,6 +217,28 @@ def test_a_committed_enqueue_wakes_an_idle_worker(worker, receiver):
     assert max(latencies) < 2.0, latencies
 
 
+def test_commits_of_topics_the_worker_does_not_deliver_leave_it_asleep(worker, receiver):
+    """A topic only SQL consumers take may be busy: its commits must not wake the worker (each
+    wake-up was a step, with the subscriptions read again), while a commit of a topic it
+    delivers still does, at once."""
+    configure_worker({"outbox.poll_interval": "30s"})
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+
+    def last_poll():
+        return worker.execute("SELECT last_poll_at FROM outbox_worker_status() WHERE database = current_database()").fetchone()[0]
+
+    time.sleep(0.5)  # the subscription's wake-up is over; the worker sleeps on its long poll
+    asleep_since = last_poll()
+    for n in range(50):
+        enqueue(worker, topic="report.requested", payload={"n": n})
+    time.sleep(0.5)
+    assert last_poll() == asleep_since, "a commit of a topic without subscriptions woke the worker"
+
+    enqueue(worker)
+    receiver.wait_for(1, timeout=5)
+    assert last_poll() > asleep_since
+
+
 def test_a_reload_applies_the_worker_settings(worker, receiver):
     worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
     configure_worker({"outbox.worker_enabled": "off"})
