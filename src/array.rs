@@ -1,5 +1,6 @@
 //! Arrays of text and jsonb taken apart into their elements: one place for deconstruct_array.
 
+use pgrx::datum::FromDatum;
 use pgrx::pg_sys;
 
 /// The elements of `array` (None for a NULL element), in order, and its number of dimensions.
@@ -25,5 +26,21 @@ pub unsafe fn varlena_elements(array: pg_sys::Datum, element_type: pg_sys::Oid) 
         );
         let values = (0..count as usize).map(|i| (!*nulls.add(i)).then(|| *elements.add(i))).collect();
         (values, (*array).ndim)
+    }
+}
+
+/// The elements of a `text[]` (None for a NULL element) as UTF-8, in order, and its number of
+/// dimensions.
+///
+/// # Safety
+/// `array` must be a `text[]` datum.
+pub unsafe fn text_elements(array: pg_sys::Datum) -> (Vec<Option<String>>, i32) {
+    // SAFETY: as the caller promises; each element is a text datum, whose bytes pgrx reads as it
+    // reads a bytea's (both are varlenas).
+    unsafe {
+        let (elements, dimensions) = varlena_elements(array, pg_sys::TEXTOID);
+        let as_text =
+            |element: pg_sys::Datum| <&[u8]>::from_polymorphic_datum(element, false, pg_sys::TEXTOID).map(crate::text::from_server);
+        (elements.into_iter().map(|element| element.and_then(as_text)).collect(), dimensions)
     }
 }

@@ -102,11 +102,7 @@ impl Args {
     pub fn text_array(&self, n: usize) -> Option<(Vec<Option<String>>, i32)> {
         let datum = self.datum(n)?;
         // SAFETY: the argument is declared text[].
-        unsafe {
-            let (elements, dimensions) = crate::array::varlena_elements(datum, pg_sys::TEXTOID);
-            let as_text = |element: pg_sys::Datum| <&[u8]>::from_polymorphic_datum(element, false, pg_sys::TEXTOID).map(text::from_server);
-            Some((elements.into_iter().map(|element| element.and_then(as_text)).collect(), dimensions))
-        }
+        Some(unsafe { crate::array::text_elements(datum) })
     }
 
     /// The number of dimensions of array argument `n` and whether it holds a NULL.

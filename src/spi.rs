@@ -247,10 +247,7 @@ impl Rows<'_> {
     pub fn get_text_array(&self, row: usize, column: i32) -> Vec<String> {
         let Some(datum) = self.datum(row, column) else { return Vec::new() };
         // SAFETY: the column is text[].
-        unsafe {
-            let elements = crate::array::varlena_elements(datum, pg_sys::TEXTOID).0.into_iter().flatten();
-            elements.filter_map(|e| <&[u8]>::from_polymorphic_datum(e, false, pg_sys::TEXTOID)).map(crate::text::from_server).collect()
-        }
+        unsafe { crate::array::text_elements(datum) }.0.into_iter().flatten().collect()
     }
 
     /// A column copied into the memory context that was current before SPI_connect, so it
