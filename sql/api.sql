@@ -93,10 +93,19 @@ COMMENT ON FUNCTION outbox_fail(bigint, text, uuid, interval) IS
 -- Ordering keys (src/ordering): once the claimable message of a key has ended (DONE or DEAD)
 -- or gone to the delivery worker, the oldest message waiting behind it becomes claimable.
 -- Called by the functions that end messages, in the same transaction. Not for any role.
+--
+-- A producer queuing a message behind a key (src/enqueue, src/ordering/hold_key.sql) holds the
+-- key's advisory lock shared until it commits; this takes it exclusively first, so it waits for
+-- those producers and then, in its next statement (a new snapshot), sees their messages; a
+-- producer that comes later waits for this transaction and sees its outcome. The lock is
+-- (outbox's oid, hashtext(key)): another key with the same hash only waits a little longer.
+-- Taken in the hash's order: two of these never wait for each other in a circle.
 CREATE OR REPLACE FUNCTION outbox_release_keys(keys text[]) RETURNS integer
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    SELECT pg_catalog.pg_advisory_xact_lock('@extschema@.outbox'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4, h.hash)
+      FROM (SELECT DISTINCT pg_catalog.hashtext(k.key) AS hash FROM unnest(keys) AS k(key) ORDER BY 1) h;
     WITH next AS (
         SELECT (SELECT q.id
                   FROM @extschema@.outbox q

@@ -1,19 +1,14 @@
--- outbox_enqueue with an ordering_key ($6). When the key has a head (its claimable message),
--- the new message waits behind it, and the head is locked (FOR SHARE) until this transaction
--- ends, so that whoever ends it meanwhile waits and then releases this message (src/ordering).
--- Without a head, the new message is the head. Nothing is inserted when another transaction
--- made a head meanwhile (outbox_key_head_idx: the caller tries again, and queues behind it) or
--- when the dedupe_key ($5) is taken.
-WITH head AS (
-    SELECT h.id
-      FROM @extschema@.outbox h
-     WHERE h.ordering_key OPERATOR(pg_catalog.=) $6
-       AND h.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
-       AND h.waiting_for IS NULL
-       FOR SHARE
-)
+-- outbox_enqueue with an ordering_key ($6), once the producer holds the key (src/ordering,
+-- hold_key_for_producer): when the key has a head (its claimable message), the new message waits
+-- behind it; without one, the new message is the head. Nothing is inserted when another
+-- transaction made a head meanwhile (outbox_key_head_idx: the caller tries again, and queues
+-- behind it) or when the dedupe_key ($5) is taken.
 INSERT INTO @extschema@.outbox AS o (topic, payload, available_at, headers, dedupe_key, ordering_key, waiting_for)
 SELECT $1, $2, pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) $3, $4, $5, $6,
-       CASE WHEN EXISTS (SELECT FROM head) THEN 'ordering_key'::@extschema@.outbox_wait END
+       CASE WHEN EXISTS (SELECT FROM @extschema@.outbox h
+                          WHERE h.ordering_key OPERATOR(pg_catalog.=) $6
+                            AND h.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+                            AND h.waiting_for IS NULL)
+            THEN 'ordering_key'::@extschema@.outbox_wait END
 ON CONFLICT DO NOTHING
 RETURNING o

@@ -11,7 +11,7 @@
 use crate::error::{or_raise, raise, OutboxError};
 use crate::fmgr::{required, sql_function, Args, SetResult};
 use crate::spi::{schema_of_function, Spi, Statement};
-use crate::{interval, subscriptions, text, topic, worker};
+use crate::{interval, ordering, subscriptions, text, topic, worker};
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::cmp::Ordering;
 
@@ -50,7 +50,8 @@ fn check_key(function: &'static str, argument: &'static str, key: &[u8]) {
 }
 
 /// Inserts one message (the arguments in the order of insert_keyed.sql) and returns its row,
-/// or the duplicate's (id, public_id, topic and key only) when its dedupe_key is taken.
+/// or the duplicate's (id, public_id, topic and key only) when its dedupe_key is taken. With an
+/// ordering key, the caller holds it (`ordering::hold_key_for_producer`).
 fn insert(spi: &mut Spi, schema: pg_sys::Oid, arguments: [Option<pg_sys::Datum>; 6]) -> Option<pg_sys::Datum> {
     let [topic, payload, delay, headers, dedupe_key, ordering_key] = arguments;
     // Each loop ends in one of its returns unless a row it relies on changed in between (a
@@ -102,6 +103,9 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     let schema = schema_of_function(args.fcinfo());
     let mut spi = Spi::connect();
     let arguments = [args.datum(0), args.datum(1), Some(delay), args.datum(5), args.datum(3), args.datum(4)];
+    if let Some(ordering_key) = args.datum(4) {
+        ordering::hold_key_for_producer(&mut spi, schema, ordering_key);
+    }
     let message = insert(&mut spi, schema, arguments);
     spi.finish();
     message.unwrap_or_else(|| or_raise(Err(OutboxError::Internal("outbox_enqueue: the insert returned no row".into()))))
@@ -139,6 +143,7 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
         }
     } else {
         // One key for the batch: each message behind the one before, in the payloads' order.
+        ordering::hold_key_for_producer(&mut spi, schema, args.datum(3).expect("not NULL"));
         for payload in array_elements(payloads) {
             let arguments = [args.datum(0), Some(payload), Some(delay), None, None, args.datum(3)];
             if let Some(row) = insert(&mut spi, schema, arguments) {

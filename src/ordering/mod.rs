@@ -11,14 +11,29 @@
 //! - the delivery worker keeps the same order per endpoint, on the deliveries.
 //!
 //! A producer enqueuing with a key makes its message the head when the key has none, and
-//! otherwise queues it behind the head, which it locks (FOR SHARE) until it commits: a consumer
-//! ending the head meanwhile waits, then sees the new message and releases it.
+//! otherwise queues it behind the head. It first holds the key (`hold_key_for_producer`): a
+//! shared advisory lock until it commits, which whoever releases the key takes exclusively, so
+//! a consumer ending the head meanwhile waits, then sees the new message and releases it. A
+//! consumer that merely holds the head (a claim without a lease, for as long as its handler
+//! runs) does not hold the producer up.
 
 use crate::spi::{Spi, Statement};
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
+static HOLD_KEY: Statement = Statement::new(include_str!("hold_key.sql"), &[TEXTOID]);
+static LOCK_HEAD: Statement = Statement::new(include_str!("lock_head.sql"), &[TEXTOID]);
 static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messages.sql"), &[TEXTARRAYOID]);
 static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
+
+/// Before a producer adds messages to ordering key `key` (a text datum) in this transaction:
+/// whoever ends the key's head from now on waits for this transaction, then sees what it added
+/// (hold_key.sql; under REPEATABLE READ or SERIALIZABLE, lock_head.sql).
+pub fn hold_key_for_producer(spi: &mut Spi, schema: pg_sys::Oid, key: pg_sys::Datum) {
+    let read_committed = spi.execute(&HOLD_KEY, schema, &[Some(key)]).get::<bool>(0, 1).unwrap_or(false);
+    if !read_committed {
+        spi.execute(&LOCK_HEAD, schema, &[Some(key)]);
+    }
+}
 
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
 /// to the worker: the next message of each key becomes claimable.
