@@ -92,46 +92,11 @@ COMMENT ON FUNCTION outbox_fail(bigint, text, uuid, interval) IS
 
 -- Ordering keys (src/ordering): once the claimable message of a key has ended (DONE or DEAD)
 -- or gone to the delivery worker, the oldest message waiting behind it becomes claimable.
--- Called by the functions that end messages, in the same transaction. Not for any role.
---
--- A producer queuing a message behind a key (src/enqueue, src/ordering/hold_key.sql) holds the
--- key's advisory lock shared until it commits; this takes it exclusively first, so it waits for
--- those producers and then, in its next statement (a new snapshot), sees their messages; a
--- producer that comes later waits for this transaction and sees its outcome. The lock is
--- (outbox's oid, hashtext(key)): another key with the same hash only waits a little longer.
--- Taken in the hash's order: two of these never wait for each other in a circle.
+-- Called by the functions that end messages, in the same transaction. Not for any role. The
+-- rule and its locks are in src/ordering (lock_keys.sql, release_messages.sql).
 CREATE OR REPLACE FUNCTION outbox_release_keys(keys text[]) RETURNS integer
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT pg_catalog.pg_advisory_xact_lock('@extschema@.outbox'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int4, h.hash)
-      FROM (SELECT DISTINCT pg_catalog.hashtext(k.key) AS hash FROM unnest(keys) AS k(key) ORDER BY 1) h;
-    WITH next AS (
-        SELECT (SELECT q.id
-                  FROM @extschema@.outbox q
-                 WHERE q.ordering_key = k.key
-                   AND q.status = 'PENDING'::@extschema@.outbox_status
-                   AND q.waiting_for = 'ordering_key'::@extschema@.outbox_wait
-                 ORDER BY q.id
-                 LIMIT 1) AS id
-          FROM unnest(keys) AS k(key)
-         WHERE NOT EXISTS (SELECT FROM @extschema@.outbox h
-                            WHERE h.ordering_key = k.key
-                              AND h.status = 'PENDING'::@extschema@.outbox_status
-                              AND h.waiting_for IS NULL)
-    ), released AS (
-        -- Ready from now on (or from its delay's end): a claim reads the ready queue from
-        -- where it found its head (src/claim/head.rs), and a message queued behind its key
-        -- since before that would lie behind it.
-        UPDATE @extschema@.outbox o
-           SET waiting_for = NULL,
-               available_at = GREATEST(o.available_at, pg_catalog.clock_timestamp())
-          FROM next
-         WHERE o.id = next.id
-        RETURNING o.id
-    )
-    SELECT count(*)::integer FROM released
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'outbox_release_keys_c';
 
 -- The same per endpoint: once the claimable delivery of a key at an endpoint has ended, the
 -- oldest delivery waiting behind it becomes claimable (subscriptions and keys pairwise).
@@ -156,7 +121,7 @@ AS $$
                               AND h.status = 'PENDING'::@extschema@.outbox_status
                               AND h.waiting_for IS NULL)
     ), released AS (
-        -- Ready from now on, as in outbox_release_keys (the worker's claims, too, read from
+        -- Ready from now on, as in src/ordering/release_messages.sql (the worker's claims, too, read from
         -- where they last found the endpoint's head: src/claim/head.rs).
         UPDATE @extschema@.outbox_delivery d
            SET waiting_for = NULL,

@@ -175,14 +175,45 @@ impl Spi {
     /// Runs `statement` (in the extension's `schema`) with `arguments` (`None`: NULL); the
     /// returned rows are those it returned (or how many it changed, for `len`).
     pub fn execute(&mut self, statement: &'static Statement, schema: pg_sys::Oid, arguments: &[Option<pg_sys::Datum>]) -> Rows<'_> {
+        self.run(statement, schema, arguments, false)
+    }
+
+    /// Runs `statement` as [`Spi::execute`] does, but over every row committed before it starts
+    /// (and this transaction's own changes), also under REPEATABLE READ and SERIALIZABLE, whose
+    /// statements otherwise see the transaction's first snapshot: PostgreSQL's foreign-key
+    /// checks read the same way.
+    pub fn execute_seeing_latest_commits(
+        &mut self,
+        statement: &'static Statement,
+        schema: pg_sys::Oid,
+        arguments: &[Option<pg_sys::Datum>],
+    ) -> Rows<'_> {
+        self.run(statement, schema, arguments, true)
+    }
+
+    fn run(
+        &mut self,
+        statement: &'static Statement,
+        schema: pg_sys::Oid,
+        arguments: &[Option<pg_sys::Datum>],
+        latest_commits: bool,
+    ) -> Rows<'_> {
         assert_eq!(arguments.len(), statement.parameter_types.len(), "arguments for {}", statement.sql);
         let plan = KeptPlan::for_statement(statement, schema);
         let started = std::time::Instant::now();
         let values: Vec<pg_sys::Datum> = arguments.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
         let nulls: Vec<std::ffi::c_char> = arguments.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
-        // SAFETY: connected; the plan is kept; values and nulls match the plan's parameters.
+        // SAFETY: connected; the plan is kept; values and nulls match the plan's parameters;
+        // GetLatestSnapshot returns a snapshot valid until the next one is taken, and
+        // SPI_execute_snapshot registers it for the statement's run.
         unsafe {
-            let result = pg_sys::SPI_execute_plan(plan.plan, values.as_ptr() as *mut _, nulls.as_ptr(), false, 0);
+            let (values, nulls) = (values.as_ptr() as *mut _, nulls.as_ptr());
+            let result = if latest_commits {
+                let latest = pg_sys::GetLatestSnapshot();
+                pg_sys::SPI_execute_snapshot(plan.plan, values, nulls, latest, std::ptr::null_mut(), false, true, 0)
+            } else {
+                pg_sys::SPI_execute_plan(plan.plan, values, nulls, false, 0)
+            };
             if result < 0 {
                 raise(OutboxError::Internal(format!("SPI_execute_plan failed with {result}")));
             }

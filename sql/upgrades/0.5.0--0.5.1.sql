@@ -4,5 +4,6 @@
 -- Nothing to drop or move: 0.5.1 changes the bodies of two functions. outbox_stats()
 -- aggregates the pending messages once per topic (by hashing) and sums the total from those
 -- rows, where 0.5.0 sorted them for two grouping sets and a DISTINCT; its columns and their
--- meaning are the same. outbox_release_keys() first takes the advisory locks of the keys it
--- releases, exclusively (producers hold them shared: src/ordering/hold_key.sql).
+-- meaning are the same. outbox_release_keys() moves into the library (LANGUAGE c, the rule in
+-- src/ordering): it first takes the advisory locks of the keys it releases, exclusively
+-- (producers hold them shared: src/ordering/hold_key.sql), then reads the latest commits.

@@ -17,11 +17,14 @@
 //! consumer that merely holds the head (a claim without a lease, for as long as its handler
 //! runs) does not hold the producer up.
 
-use crate::spi::{Spi, Statement};
+use crate::fmgr::sql_function;
+use crate::spi::{schema_of_function, Spi, Statement};
+use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
 static HOLD_KEY: Statement = Statement::new(include_str!("hold_key.sql"), &[TEXTOID]);
 static LOCK_HEAD: Statement = Statement::new(include_str!("lock_head.sql"), &[TEXTOID]);
+static LOCK_KEYS: Statement = Statement::new(include_str!("lock_keys.sql"), &[TEXTARRAYOID]);
 static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messages.sql"), &[TEXTARRAYOID]);
 static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
 
@@ -36,12 +39,23 @@ pub fn hold_key_for_producer(spi: &mut Spi, schema: pg_sys::Oid, key: pg_sys::Da
 }
 
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
-/// to the worker: the next message of each key becomes claimable.
-pub fn release_message_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>) {
-    if keys.is_some() {
-        spi.execute(&RELEASE_MESSAGES, schema, &[keys]);
+/// to the worker: the next message of each key becomes claimable. Returns how many did.
+pub fn release_message_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>) -> i32 {
+    if keys.is_none() {
+        return 0;
     }
+    spi.execute(&LOCK_KEYS, schema, &[keys]);
+    spi.execute_seeing_latest_commits(&RELEASE_MESSAGES, schema, &[keys]).get::<i32>(0, 1).unwrap_or(0)
 }
+
+// outbox_release_keys(keys text[]) RETURNS integer: the same for SQL callers (outbox_requeue_dead).
+sql_function!(outbox_release_keys_c, pg_finfo_outbox_release_keys_c, |args| {
+    let schema = schema_of_function(args.fcinfo());
+    let mut spi = Spi::connect();
+    let released = release_message_keys(&mut spi, schema, args.datum(0));
+    spi.finish();
+    released.into_datum().unwrap()
+});
 
 /// After deliveries ended (`endpoints` and `keys` pairwise, as bigint[] and text[] datums; `None`
 /// when none had a key): per endpoint and key, the next delivery becomes claimable.
