@@ -99,37 +99,8 @@ LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'outbox_release_keys_c';
 
 -- The same per endpoint: once the claimable delivery of a key at an endpoint has ended, the
--- oldest delivery waiting behind it becomes claimable (subscriptions and keys pairwise).
+-- oldest delivery waiting behind it becomes claimable (subscriptions and keys pairwise). The
+-- rule is in src/ordering (release_deliveries.sql).
 CREATE OR REPLACE FUNCTION outbox_release_delivery_keys(subscriptions bigint[], keys text[]) RETURNS integer
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    WITH next AS (
-        SELECT (SELECT q.message_id
-                  FROM @extschema@.outbox_delivery q
-                 WHERE q.subscription_id = e.subscription_id
-                   AND q.ordering_key = e.key
-                   AND q.status = 'PENDING'::@extschema@.outbox_status
-                   AND q.waiting_for = 'ordering_key'::@extschema@.outbox_wait
-                 ORDER BY q.message_id
-                 LIMIT 1) AS message_id,
-               e.subscription_id
-          FROM ROWS FROM (unnest(subscriptions), unnest(keys)) AS e(subscription_id, key)
-         WHERE NOT EXISTS (SELECT FROM @extschema@.outbox_delivery h
-                            WHERE h.subscription_id = e.subscription_id
-                              AND h.ordering_key = e.key
-                              AND h.status = 'PENDING'::@extschema@.outbox_status
-                              AND h.waiting_for IS NULL)
-    ), released AS (
-        -- Ready from now on, as in src/ordering/release_messages.sql (the worker's claims, too, read from
-        -- where they last found the endpoint's head: src/claim/head.rs).
-        UPDATE @extschema@.outbox_delivery d
-           SET waiting_for = NULL,
-               available_at = GREATEST(d.available_at, pg_catalog.clock_timestamp())
-          FROM next
-         WHERE d.message_id = next.message_id
-           AND d.subscription_id = next.subscription_id
-        RETURNING d.message_id
-    )
-    SELECT count(*)::integer FROM released
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'outbox_release_delivery_keys_c';

@@ -1,9 +1,10 @@
 -- What changes 0.5.0's objects on the way to 0.5.1 (the rest of the update script comes from
 -- the sources, run again: see scripts/make-upgrade-script.sh).
 --
--- Nothing to drop or move: 0.5.1 changes the bodies of two functions. outbox_stats()
+-- Nothing to drop or move: 0.5.1 changes the bodies of three functions. outbox_stats()
 -- aggregates the pending messages once per topic (by hashing) and sums the total from those
 -- rows, where 0.5.0 sorted them for two grouping sets and a DISTINCT; its columns and their
--- meaning are the same. outbox_release_keys() moves into the library (LANGUAGE c, the rule in
--- src/ordering): it first takes the advisory locks of the keys it releases, exclusively
--- (producers hold them shared: src/ordering/hold_key.sql), then reads the latest commits.
+-- meaning are the same. outbox_release_keys() and outbox_release_delivery_keys() move into the
+-- library (LANGUAGE c, the rules in src/ordering) and read the latest commits; the first also
+-- takes the advisory locks of the keys it releases, exclusively (producers hold them shared:
+-- src/ordering/hold_key.sql).

@@ -58,9 +58,21 @@ sql_function!(outbox_release_keys_c, pg_finfo_outbox_release_keys_c, |args| {
 });
 
 /// After deliveries ended (`endpoints` and `keys` pairwise, as bigint[] and text[] datums; `None`
-/// when none had a key): per endpoint and key, the next delivery becomes claimable.
-pub fn release_delivery_keys(spi: &mut Spi, schema: pg_sys::Oid, endpoints: Option<pg_sys::Datum>, keys: Option<pg_sys::Datum>) {
-    if endpoints.is_some() && keys.is_some() {
-        spi.execute(&RELEASE_DELIVERIES, schema, &[endpoints, keys]);
+/// when none had a key): per endpoint and key, the next delivery becomes claimable. Returns how
+/// many did.
+pub fn release_delivery_keys(spi: &mut Spi, schema: pg_sys::Oid, endpoints: Option<pg_sys::Datum>, keys: Option<pg_sys::Datum>) -> i32 {
+    if endpoints.is_none() || keys.is_none() {
+        return 0;
     }
+    spi.execute_seeing_latest_commits(&RELEASE_DELIVERIES, schema, &[endpoints, keys]).get::<i32>(0, 1).unwrap_or(0)
 }
+
+// outbox_release_delivery_keys(subscriptions bigint[], keys text[]) RETURNS integer: the same
+// for SQL callers (outbox_requeue_dead, outbox_redeliver).
+sql_function!(outbox_release_delivery_keys_c, pg_finfo_outbox_release_delivery_keys_c, |args| {
+    let schema = schema_of_function(args.fcinfo());
+    let mut spi = Spi::connect();
+    let released = release_delivery_keys(&mut spi, schema, args.datum(0), args.datum(1));
+    spi.finish();
+    released.into_datum().unwrap()
+});

@@ -1,4 +1,32 @@
--- Deliveries ($1 endpoint, $2 ordering key, pairwise) that just ended: the next delivery of each
--- key at each endpoint becomes claimable (sql/api.sql, outbox_release_delivery_keys: the one
--- definition of the rule).
-SELECT @extschema@.outbox_release_delivery_keys($1, $2)
+-- Deliveries that just ended ($1 endpoint, $2 ordering key, pairwise): for each endpoint and key
+-- without a claimable delivery now, the oldest delivery waiting behind it becomes claimable. Run
+-- over every row committed before it starts (not the transaction's snapshot), as
+-- release_messages.sql is. Returns how many.
+WITH next AS (
+    SELECT (SELECT q.message_id
+              FROM @extschema@.outbox_delivery q
+             WHERE q.subscription_id OPERATOR(pg_catalog.=) e.subscription_id
+               AND q.ordering_key OPERATOR(pg_catalog.=) e.key
+               AND q.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+               AND q.waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::@extschema@.outbox_wait
+             ORDER BY q.message_id
+             LIMIT 1) AS message_id,
+           e.subscription_id
+      FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS e(subscription_id, key)
+     WHERE NOT EXISTS (SELECT FROM @extschema@.outbox_delivery h
+                        WHERE h.subscription_id OPERATOR(pg_catalog.=) e.subscription_id
+                          AND h.ordering_key OPERATOR(pg_catalog.=) e.key
+                          AND h.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+                          AND h.waiting_for IS NULL)
+), released AS (
+    -- Ready from now on, as in release_messages.sql (the worker's claims, too, read from where
+    -- they last found the endpoint's head: src/claim/head.rs).
+    UPDATE @extschema@.outbox_delivery d
+       SET waiting_for = NULL,
+           available_at = GREATEST(d.available_at, pg_catalog.clock_timestamp())
+      FROM next
+     WHERE d.message_id OPERATOR(pg_catalog.=) next.message_id
+       AND d.subscription_id OPERATOR(pg_catalog.=) next.subscription_id
+    RETURNING d.message_id
+)
+SELECT pg_catalog.count(*)::pg_catalog.int4 FROM released

@@ -118,6 +118,19 @@ def test_requeued_and_discarded_dead_letters_keep_the_key_order(db):
     assert claim(db) == []
 
 
+def test_a_requeued_dead_delivery_is_released_at_its_endpoint_when_the_key_is_free_there(db):
+    """outbox_requeue puts a dead delivery with a key behind the endpoint's pending deliveries
+    of that key; with none, the release (src/ordering, called from SQL here) frees it at once."""
+    endpoint = db.execute("SELECT outbox_subscribe('booking.created', 'http://127.0.0.1:9/hook')").fetchone()[0]
+    dead = db.execute("""INSERT INTO outbox (topic, payload, ordering_key, status, processed_at, attempts)
+                         VALUES ('booking.created', '{}', 'booking:42', 'DEAD', now(), 5) RETURNING id""").fetchone()[0]
+    db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, processed_at, attempts, ordering_key)
+                  VALUES (%s, %s, 'DEAD', now(), 5, 'booking:42')""", (dead, endpoint))
+    assert db.execute("SELECT outbox_requeue(%s::bigint)", (dead,)).fetchone()[0] == 1
+    assert db.execute("SELECT status, waiting_for FROM outbox_delivery WHERE message_id = %s", (dead,)).fetchone() == ("PENDING", None)
+    assert db.execute("SELECT status, waiting_for FROM outbox WHERE id = %s", (dead,)).fetchone() == ("PENDING", "deliveries")
+
+
 @pytest.mark.parametrize(
     "key, sqlstate",
     [("", "22023"), ("k" * 256, "22001")],
