@@ -215,7 +215,7 @@ impl Spi {
                 pg_sys::SPI_execute_plan(plan.plan, values, nulls, false, 0)
             };
             if result < 0 {
-                raise(OutboxError::Internal(format!("SPI_execute_plan failed with {result}")));
+                raise(OutboxError::Internal(format!("running a statement failed (SPI result {result})")));
             }
             if started.elapsed() > SLOW_RUN && plan.made.elapsed() > SLOW_PLAN_MIN_AGE {
                 KeptPlan::retire(statement, schema);
