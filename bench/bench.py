@@ -690,6 +690,77 @@ def bulk_lines(b):
     ]
 
 
+def retention(cluster, s):
+    """15. Retention: outbox_purge emptying a day of the attempt log (rows started three days
+    ago, purged with older_than 1 day), against a DELETE of the same rows from an unpartitioned
+    copy of the table (what outbox_purge did before 0.5.2), at two sizes: the time, and the rows
+    each leaves for vacuum. And the same for DONE messages, which are still deleted row by row
+    (outbox_purge called until it returns less than its max_rows, as the worker does)."""
+    sizes = (10_000, 100_000) if s.smoke else (100_000, 1_000_000)
+    day = "(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') - interval '3 days'"
+
+    def dead_rows(conn, pattern):
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return conn.execute("SELECT coalesce(sum(n_tup_del), 0), coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables "
+                            "WHERE relname LIKE %s", (pattern,)).fetchone()
+
+    def measure(conn, fill, purge, pattern):
+        truncate(conn, "outbox, outbox_delivery_attempt, attempt_log_unpartitioned")
+        conn.execute(fill)
+        conn.execute("VACUUM ANALYZE")
+        deleted_before, _ = dead_rows(conn, pattern)
+        began = time.monotonic()
+        purge(conn)
+        elapsed_ms = (time.monotonic() - began) * 1000
+        deleted_after, dead_after = dead_rows(conn, pattern)
+        return {"ms": elapsed_ms, "deleted": int(deleted_after - deleted_before), "dead_tuples": int(dead_after)}
+
+    def purge_messages(conn):
+        while conn.execute("SELECT outbox_purge(interval '1 day')").fetchone()[0] == 10_000:
+            pass
+
+    rows = []
+    with cluster.connect() as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS attempt_log_unpartitioned (LIKE outbox_delivery_attempt)")
+        conn.execute("CREATE INDEX IF NOT EXISTS attempt_log_unpartitioned_delivery ON attempt_log_unpartitioned (message_id, subscription_id)")
+        conn.execute("CREATE INDEX IF NOT EXISTS attempt_log_unpartitioned_started ON attempt_log_unpartitioned USING brin (started_at)")
+        for n in sizes:
+            attempts = f"""SELECT g, 1, 1, {day} + g * interval '40 ms', interval '20 ms', 200 FROM generate_series(1, {n}) g"""
+            rows.append({
+                "rows": n,
+                "attempt_log": measure(conn, f"INSERT INTO outbox_delivery_attempt {attempts}",
+                                       lambda c: c.execute("SELECT outbox_purge(interval '1 day')"), "outbox_delivery_attempt%"),
+                "attempt_log_delete": measure(conn, f"INSERT INTO attempt_log_unpartitioned {attempts}",
+                                              lambda c: c.execute("DELETE FROM attempt_log_unpartitioned "
+                                                                  "WHERE started_at < now() - interval '1 day'"),
+                                              "attempt_log_unpartitioned"),
+                "messages": measure(conn, f"""INSERT INTO outbox (topic, payload, status, attempts, processed_at)
+                                              SELECT 'booking.created', '{{}}', 'DONE', 1, {day} + g * interval '40 ms'
+                                                FROM generate_series(1, {n}) g""", purge_messages, "outbox"),
+            })
+        truncate(conn, "outbox, outbox_delivery_attempt")
+        conn.execute("DROP TABLE attempt_log_unpartitioned")
+    return rows
+
+
+def retention_lines(rows):
+    """Part 15 of the report."""
+    lines = [
+        "## 15. Retention: purging a day of history",
+        "",
+        "| rows of the day | attempt log, outbox_purge (ms) | left for vacuum | unpartitioned, DELETE (ms) | left for vacuum "
+        "| DONE messages, outbox_purge (ms) | left for vacuum |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        a, d, m = r["attempt_log"], r["attempt_log_delete"], r["messages"]
+        lines.append(f"| {r['rows']:,} | {a['ms']:.0f} | {a['dead_tuples']:,} dead, {a['deleted']:,} deleted | {d['ms']:.0f} "
+                     f"| {d['dead_tuples']:,} dead, {d['deleted']:,} deleted | {m['ms']:.0f} | {m['dead_tuples']:,} dead |")
+    lines.append("")
+    return lines
+
+
 def protections(cluster, receiver, s):
     """9. The worker delivering a backlog to nginx (8 in flight) with a subscription as
     outbox_subscribe makes it by default, and with a rate limit and max_in_flight that never
@@ -1098,6 +1169,7 @@ def report(results, s, path_md, path_png):
         *pinned_lines(results["pinned"], s.pinned_phases),
         *stats_lines(results["stats"]),
         *bulk_lines(results["bulk"]),
+        *retention_lines(results["retention"]),
     ]
     path_md.write_text("\n".join(lines))
 
@@ -1147,7 +1219,7 @@ def main():
     parser.add_argument("--port", type=int, default=25390)
     parser.add_argument("--receiver-port", type=int, default=25391)
     parser.add_argument("--output", type=pathlib.Path, default=BENCH / "results")
-    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections fan_out lease_decay pinned stats bulk)")
+    parser.add_argument("--only", nargs="*", help="run only these parts (enqueue drain flat long_txn delivery latency churn ordering protections fan_out lease_decay pinned stats bulk retention)")
     args = parser.parse_args()
     s = Settings(args.smoke)
     cluster, receiver = Cluster(args.port), Nginx(args.receiver_port)
@@ -1167,6 +1239,7 @@ def main():
         ("pinned", lambda: pinned_horizon(cluster, s)),
         ("stats", lambda: stats_cost(cluster, s)),
         ("bulk", lambda: bulk_load(cluster, s)),
+        ("retention", lambda: retention(cluster, s)),
     ]
     try:
         cluster.start()

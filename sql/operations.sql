@@ -202,6 +202,9 @@ AS $$
            p.oldest_pending_age,
            (SELECT count(*) FROM @extschema@.outbox_delivery_attempt a
              WHERE a.subscription_id = s.id AND a.http_status BETWEEN 200 AND 299
+               -- now() is stable, so the planner knows the bound and seeks the index on
+               -- started_at (with the clock alone it scanned the whole log, per endpoint).
+               AND a.started_at > now() - interval '1 minute'
                AND a.started_at > clock_timestamp() - interval '1 minute'),
            s.failing_since, s.disabled_reason
       FROM @extschema@.outbox_subscription s
@@ -382,10 +385,15 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    cutoff   timestamptz;
-    purged   bigint := 0;
-    deleted  bigint;
-    finished @extschema@.outbox_status;
+    cutoff    timestamptz;
+    purged    bigint := 0;
+    deleted   bigint;
+    finished  @extschema@.outbox_status;
+    today     timestamptz;
+    day_start timestamptz;
+    day_log   regclass;
+    holds     boolean;
+    waited    text;
 BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'outbox_purge: older_than must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -416,22 +424,50 @@ BEGIN
         GET DIAGNOSTICS deleted = ROW_COUNT;
         purged := purged + deleted;
     END LOOP;
-    -- The attempt log of the same age (its deliveries went with their messages).
-    IF purged < max_rows THEN
-        DELETE FROM @extschema@.outbox_delivery_attempt a
-         WHERE a.ctid = ANY (ARRAY(
-                   SELECT l.ctid FROM @extschema@.outbox_delivery_attempt l
-                    WHERE l.started_at < cutoff
-                    LIMIT max_rows - purged));
-        GET DIAGNOSTICS deleted = ROW_COUNT;
-        purged := purged + deleted;
-    END IF;
+
+    -- The attempt log (its deliveries went with their messages), a day at a time: the partition
+    -- of a day that ended before the cutoff is emptied whole (TRUNCATE: no dead tuples, a time
+    -- that does not grow with its rows; not counted in the result). The rows of a day that has
+    -- not ended yet wait for it. Rows in a partition older than the day it holds now (a
+    -- retention over 31 days, a started_at set by hand) are deleted one by one, as before 0.5.2.
+    today := date_trunc('day', clock_timestamp() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+    FOR slot IN 0..31 LOOP
+        -- The latest day, up to today, whose requests this partition holds.
+        day_start := today - ((@extschema@.outbox_attempt_log_slot(today) - slot + 32) % 32) * interval '1 day';
+        day_log := format('@extschema@.%I', 'outbox_delivery_attempt_' || slot)::regclass;
+        IF day_start + interval '1 day' <= cutoff THEN
+            EXECUTE format('SELECT EXISTS (SELECT FROM %s)', day_log) INTO holds;
+            IF holds THEN
+                waited := current_setting('lock_timeout');
+                BEGIN
+                    -- Whoever reads the attempt log meanwhile makes this wait, and everyone
+                    -- after it: give up soon, the next purge tries again.
+                    PERFORM set_config('lock_timeout', '1s', true);
+                    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', day_log);
+                    PERFORM set_config('lock_timeout', waited, true);
+                    -- Under the lock: nothing of the cutoff or later (a clock set back) is lost.
+                    EXECUTE format('SELECT EXISTS (SELECT FROM %s WHERE started_at >= $1)', day_log) USING cutoff INTO holds;
+                    IF NOT holds THEN
+                        EXECUTE format('TRUNCATE %s', day_log);
+                    END IF;
+                EXCEPTION WHEN lock_not_available THEN
+                    NULL;  -- (the block's subtransaction also restores lock_timeout)
+                END;
+            END IF;
+        END IF;
+        IF purged < max_rows THEN
+            EXECUTE format('DELETE FROM %1$s a WHERE a.ctid = ANY (ARRAY(SELECT l.ctid FROM %1$s l WHERE l.started_at < $1 LIMIT $2))', day_log)
+              USING least(cutoff, day_start), max_rows - purged;
+            GET DIAGNOSTICS deleted = ROW_COUNT;
+            purged := purged + deleted;
+        END IF;
+    END LOOP;
     RETURN purged;
 END
 $$;
 
 COMMENT ON FUNCTION outbox_purge(interval, boolean, integer) IS
-'Deletes up to max_rows DONE messages (and DEAD ones with include_dead) processed longer than older_than ago, oldest first, with their deliveries, and attempt-log rows as old; returns how many rows it deleted. Call again until it returns less than max_rows.';
+'Deletes up to max_rows DONE messages (and DEAD ones with include_dead) processed longer than older_than ago, oldest first, with their deliveries, and empties the attempt log of the days that ended before then; returns how many rows it deleted. Call again until it returns less than max_rows.';
 
 -- redeliver: send messages of an endpoint's topic to that endpoint again, whatever their
 -- delivery's state: DONE (replay to a receiver that lost data), DEAD (retry after a fix) or

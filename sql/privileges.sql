@@ -116,6 +116,8 @@ GRANT SELECT ON outbox_subscription TO outbox_worker;
 GRANT UPDATE (failing_since, enabled, disabled_reason) ON outbox_subscription TO outbox_worker;
 GRANT SELECT, INSERT, UPDATE ON outbox_delivery TO outbox_worker;
 GRANT INSERT ON outbox_delivery_attempt TO outbox_worker;
+-- (The attempt log's partition key: routing a row runs it with the inserter's rights.)
+GRANT EXECUTE ON FUNCTION outbox_attempt_log_slot(timestamptz) TO outbox_worker;
 GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer) TO outbox_worker;
 GRANT EXECUTE ON FUNCTION outbox_release_keys(text[]), outbox_release_delivery_keys(bigint[], text[]) TO outbox_worker;
 

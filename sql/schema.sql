@@ -204,7 +204,7 @@ CREATE INDEX outbox_delivery_subscription_idx ON outbox_delivery (subscription_i
 SELECT pg_catalog.pg_extension_config_dump('outbox_delivery', '');
 
 -- The attempt log: one row per HTTP request the worker made, with what came back. Kept for
--- outbox.retention, purged with the DONE messages.
+-- outbox.retention, purged with the DONE messages. (0.5.2 partitions it by day: below.)
 CREATE TABLE outbox_delivery_attempt (
     message_id      bigint      NOT NULL,
     subscription_id bigint      NOT NULL,
@@ -242,5 +242,68 @@ SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.durati
 -- the table). Maintained only when a message becomes DEAD.
 CREATE INDEX outbox_dead_idx ON outbox (topic) WHERE status OPERATOR(pg_catalog.=) 'DEAD'::outbox_status;
 
--- ======== new in 0.5.1 (scripts/make-upgrade-script.sh copies from here to the end) ========
--- No new objects: 0.5.1 changes one function's body (sql/upgrades/0.5.0--0.5.1.sql).
+-- ======== new in 0.5.1 ========
+-- No new objects: 0.5.1 changes function bodies (sql/upgrades/0.5.0--0.5.1.sql).
+
+-- ======== new in 0.5.2 (scripts/make-upgrade-script.sh copies from here to the end) ========
+
+-- The attempt log in 32 partitions, one per UTC day in turn, so that retention empties a whole
+-- day with TRUNCATE (outbox_purge) instead of deleting its rows one by one: no dead tuples, no
+-- vacuum, a time that does not grow with the rows. A fixed set of partitions, created here,
+-- rather than one per date created as time goes by: they are the extension's own objects, so
+-- pg_dump and pg_upgrade carry them like the rest, and no DDL runs while the worker delivers.
+-- A day's rows share their partition with no other day's as long as the retention is under 32
+-- days (docs/operations.md says what happens beyond).
+--
+-- The partition of a request: its UTC day since 1970, modulo 32. The one place of that rule.
+-- Written with immutable operators only, so the planner inlines it into the partition key and
+-- routing a row costs no function call.
+CREATE FUNCTION outbox_attempt_log_slot(started_at timestamptz) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT
+RETURN (pg_catalog.floor(EXTRACT(epoch FROM started_at OPERATOR(pg_catalog.-) timestamptz '1970-01-01 00:00:00+00')
+            OPERATOR(pg_catalog./) 86400)::bigint OPERATOR(pg_catalog.%) 32 OPERATOR(pg_catalog.+) 32)::integer
+       OPERATOR(pg_catalog.%) 32;
+
+-- The view reads the table by its identity: it goes while the table is replaced.
+DROP VIEW outbox_delivery_attempts;
+ALTER TABLE outbox_delivery_attempt RENAME TO outbox_delivery_attempt_unpartitioned;
+ALTER INDEX outbox_delivery_attempt_delivery_idx RENAME TO outbox_delivery_attempt_unpartitioned_delivery_idx;
+ALTER INDEX outbox_delivery_attempt_started_idx RENAME TO outbox_delivery_attempt_unpartitioned_started_idx;
+
+CREATE TABLE outbox_delivery_attempt (
+    message_id      bigint      NOT NULL,
+    subscription_id bigint      NOT NULL,
+    attempt         integer     NOT NULL,
+    started_at      timestamptz NOT NULL,
+    duration        interval    NOT NULL,
+    -- NULL when no answer came (refused, timed out, cut off).
+    http_status     integer,
+    error           text
+) PARTITION BY LIST (outbox_attempt_log_slot(started_at));
+COMMENT ON TABLE outbox_delivery_attempt IS 'Every HTTP request of the delivery worker: when, how long, what came back.';
+CREATE INDEX outbox_delivery_attempt_delivery_idx ON outbox_delivery_attempt (message_id, subscription_id);
+-- Appended in time order: a BRIN index tells at almost no cost whether a partition holds rows
+-- newer than a purge's cutoff (then it is not emptied) or older than its day (then they are
+-- deleted, see outbox_purge).
+CREATE INDEX outbox_delivery_attempt_started_idx ON outbox_delivery_attempt USING brin (started_at);
+DO $$
+BEGIN
+    FOR slot IN 0..31 LOOP
+        EXECUTE pg_catalog.format('CREATE TABLE @extschema@.%I PARTITION OF @extschema@.outbox_delivery_attempt FOR VALUES IN (%s)',
+                                  'outbox_delivery_attempt_' || slot, slot);
+        -- pg_dump keeps their rows (an extension's tables are otherwise dumped empty).
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('@extschema@.%I', 'outbox_delivery_attempt_' || slot)::pg_catalog.regclass, '');
+    END LOOP;
+END
+$$;
+
+INSERT INTO outbox_delivery_attempt SELECT * FROM outbox_delivery_attempt_unpartitioned;
+-- Out of the extension first: that also takes it off the tables pg_dump keeps the rows of.
+ALTER EXTENSION outbox_ext DROP TABLE outbox_delivery_attempt_unpartitioned;
+DROP TABLE outbox_delivery_attempt_unpartitioned;
+
+CREATE VIEW outbox_delivery_attempts AS
+SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.duration, a.http_status, a.error
+  FROM outbox_delivery_attempt a
+  LEFT JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) a.subscription_id;

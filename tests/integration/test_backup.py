@@ -1,5 +1,6 @@
 """pg_dump / pg_restore keep the messages and their state (the table is registered with
-pg_extension_config_dump), the subscriptions, and the id sequence."""
+pg_extension_config_dump), the subscriptions, the deliveries, the attempt log (each of its day
+partitions is registered), and the id sequence."""
 
 import subprocess
 import tempfile
@@ -22,6 +23,11 @@ def test_a_dump_and_restore_round_trip_keeps_pending_and_dead_messages(db):
     db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, last_error, processed_at)
                   SELECT id, %s, status, attempts, last_error, processed_at FROM outbox WHERE status <> 'PENDING'""",
                (subscription,))
+    # The attempt log of three days, in three of its partitions.
+    db.execute("""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
+                  SELECT id, %s, 1, now() - (id %% 3) * interval '1 day', interval '20 ms', 500 FROM outbox""", (subscription,))
+    attempts = db.execute("SELECT message_id, started_at, tableoid::regclass::text FROM outbox_delivery_attempt ORDER BY 1").fetchall()
+    assert len({partition for _, _, partition in attempts}) == 3
     before = db.execute(STATE).fetchall()
     deliveries = db.execute("SELECT message_id, subscription_id, status::text, attempts FROM outbox_delivery ORDER BY 1, 2").fetchall()
     timing = db.execute("SELECT available_at, processed_at, created_at FROM outbox ORDER BY id").fetchall()
@@ -36,6 +42,8 @@ def test_a_dump_and_restore_round_trip_keeps_pending_and_dead_messages(db):
             assert restored.execute("SELECT topic, url, secret FROM outbox_subscription").fetchall() == subscriptions
             assert restored.execute("SELECT message_id, subscription_id, status::text, attempts FROM outbox_delivery "
                                     "ORDER BY 1, 2").fetchall() == deliveries
+            assert restored.execute("SELECT message_id, started_at, tableoid::regclass::text FROM outbox_delivery_attempt "
+                                    "ORDER BY 1").fetchall() == attempts
             assert restored.execute("SELECT status::text, count(*) FROM outbox GROUP BY 1 ORDER BY 1").fetchall() == [
                 ("DEAD", 1), ("DONE", 1), ("PENDING", 3)
             ]

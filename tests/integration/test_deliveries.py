@@ -124,7 +124,8 @@ def test_the_attempt_log_is_purged_with_the_history(fast_worker, receivers):
     # (Backdated, as if the retention had passed.)
     db.execute("UPDATE outbox SET processed_at = processed_at - interval '2 days'")
     db.execute("UPDATE outbox_delivery_attempt SET started_at = started_at - interval '2 days'")
-    assert db.execute("SELECT outbox_purge('1 day')").fetchone()[0] == 2
+    # The message; the attempt log's day is emptied whole, which the count leaves out.
+    assert db.execute("SELECT outbox_purge('1 day')").fetchone()[0] == 1
     assert db.execute("SELECT count(*) FROM outbox_delivery_attempt").fetchone()[0] == 0
     assert db.execute("SELECT count(*) FROM outbox_delivery").fetchone()[0] == 0, "deliveries go with their message"
 

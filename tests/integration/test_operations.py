@@ -168,6 +168,97 @@ def purge_in_bounded_batches(db):
     assert db.execute("SELECT count(*) FROM outbox WHERE status = 'DEAD'").fetchone()[0] == 0
 
 
+@pytest.fixture
+def no_worker_purge():
+    """The worker's own purge (outbox.retention) off, so that only the test's calls purge."""
+    configure_worker({"outbox.retention": "0"})
+    yield
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM RESET outbox.retention")
+        admin.execute("SELECT pg_reload_conf()")
+
+
+def log_attempts(conn, count, started_at):
+    """count rows of the attempt log, started at the SQL expression started_at."""
+    conn.execute(f"""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
+                     SELECT n, 1, 1, {started_at}, interval '20 ms', 200 FROM generate_series(1, %s) n""", (count,))
+
+
+def attempt_log_days(conn):
+    """How many rows of the attempt log started how many days ago (UTC days)."""
+    return dict(conn.execute(
+        """SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') - date_trunc('day', started_at AT TIME ZONE 'UTC'))::text, count(*)
+             FROM outbox_delivery_attempt GROUP BY 1""").fetchall())
+
+
+def attempt_log_deletes(conn):
+    """Rows deleted from the attempt log's tables, and dead tuples left in them, as the
+    statistics have them once this session's counters are flushed."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute("""SELECT coalesce(sum(n_tup_del), 0), coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
+                            WHERE relname LIKE 'outbox_delivery_attempt%'""").fetchone()
+
+
+def test_purge_empties_whole_days_of_the_attempt_log_without_deleting_rows(db, no_worker_purge):
+    log_attempts(db, 3000, "now() - interval '3 days'")
+    log_attempts(db, 20, "now() - interval '1 day'")
+    log_attempts(db, 20, "now()")
+
+    # Three days ago ended before the cutoff: emptied whole (not counted: no row is deleted).
+    # Yesterday has not ended a day ago yet, today neither: they wait.
+    assert db.execute("SELECT outbox_purge(interval '1 day')").fetchone()[0] == 0
+    assert attempt_log_days(db) == {"1 day": 20, "00:00:00": 20}
+    assert attempt_log_deletes(db) == (0, 0), "no row deleted, no dead tuple left for vacuum"
+
+
+def test_purge_deletes_attempts_older_than_the_day_their_partition_holds(db, no_worker_purge):
+    # A retention over 31 days: the partition of yesterday also holds the rows of 33 days ago.
+    log_attempts(db, 5, "now() - interval '33 days'")
+    log_attempts(db, 7, "now() - interval '1 day'")
+    # A row newer than the cutoff in the partition of a day that ended before it (a clock set
+    # back, a started_at written by hand) is never lost with its partition.
+    log_attempts(db, 1, "now() - interval '3 days' + interval '32 days'")
+
+    assert db.execute("SELECT outbox_purge(interval '32 days')").fetchone()[0] == 5
+    assert db.execute("SELECT outbox_purge(interval '1 day')").fetchone()[0] == 0
+    days = attempt_log_days(db)
+    assert days["1 day"] == 7 and days["-29 days"] == 1 and "33 days" not in days
+
+
+def test_a_reader_of_the_attempt_log_delays_its_purge_not_the_purge(db, no_worker_purge):
+    log_attempts(db, 100, "now() - interval '3 days'")
+    with connect() as reader:
+        # A report reading the attempt log holds its partitions until it commits.
+        reader.execute("SELECT count(*) FROM outbox_delivery_attempts")
+        db.execute("SET statement_timeout = '30s'")
+        assert db.execute("SELECT outbox_purge(interval '1 day')").fetchone()[0] == 0
+        assert attempt_log_days(db) == {"3 days": 100}, "left for the next purge"
+        reader.rollback()
+    db.execute("SELECT outbox_purge(interval '1 day')")
+    assert attempt_log_days(db) == {}
+
+
+def test_endpoint_stats_read_the_attempt_log_of_the_last_minute_only(db, no_worker_purge):
+    db.execute("INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('audit.exported', 'http://127.0.0.1:9/', false)")
+    subscription = db.execute("SELECT id FROM outbox_subscription").fetchone()[0]
+    # 100k requests of earlier days (in the partition of one), 3 answered with 2xx just now.
+    db.execute(f"""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
+                   SELECT g, {subscription}, 1, now() - interval '3 days' + g * interval '100 ms', interval '20 ms', 200
+                     FROM generate_series(1, 100000) g""")
+    log_attempts(db, 3, "clock_timestamp() - interval '5 seconds'")
+    db.execute(f"UPDATE outbox_delivery_attempt SET subscription_id = {subscription} WHERE started_at > now() - interval '1 minute'")
+    db.execute("VACUUM ANALYZE outbox_delivery_attempt")
+    plan = plan_of(db, "SELECT * FROM outbox_endpoint_stats()", "http_status BETWEEN 200 AND 299")["Plan"]
+    # (Partitions without rows may be read whole: there is nothing in them.)
+    walked = {n["Relation Name"]: n.get("Rows Removed by Filter", 0) for n in nodes(plan)
+              if n["Node Type"] == "Seq Scan" and n["Relation Name"].startswith("outbox_delivery_attempt")}
+    assert sum(walked.values()) == 0, f"older requests walked past: {walked}"
+    touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    assert touched < 300, f"the endpoint's numbers read {touched} pages with 100k older requests behind them"
+    assert db.execute("SELECT delivered_last_minute FROM outbox_endpoint_stats()").fetchone()[0] == 3
+
+
 def test_the_worker_purges_done_rows_past_the_retention(db):
     db.execute(
         """INSERT INTO outbox (topic, payload, status, attempts, processed_at)

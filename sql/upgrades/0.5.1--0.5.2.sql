@@ -1,0 +1,7 @@
+-- What changes 0.5.1's objects on the way to 0.5.2 (the rest of the update script comes from
+-- the sources, run again: see scripts/make-upgrade-script.sh).
+--
+-- Nothing here: the attempt log's move into its day partitions is sql/schema.sql's section
+-- "new in 0.5.2", which renames the 0.5.1 table, creates the partitioned one, copies the rows
+-- (each to the partition of its day) and drops the old table, in the update's transaction.
+-- outbox_purge() (sql/operations.sql) then empties whole days of the attempt log.
