@@ -54,6 +54,7 @@ class Scale:
         self.soak_seconds = 20 if short else 240
         self.million = 30_000 if short else 1_000_000
         self.hostile_examples = 150 if short else 3_000
+        self.purge_rows = 20_000 if short else 500_000
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,6 +283,91 @@ def server_crashed(cluster, scale, receiver):
             "note": "every committed enqueue delivered"}
 
 
+# A count of what the purge must keep or remove, per kind and age: attempt-log rows and DONE
+# messages, by the UTC day they started (ended) on, days ago.
+HISTORY = """
+SELECT 'attempts ' || (current_date - (started_at AT TIME ZONE 'UTC')::date), count(*) FROM outbox_delivery_attempt GROUP BY 1
+UNION ALL
+SELECT 'done ' || (current_date - (processed_at AT TIME ZONE 'UTC')::date), count(*) FROM outbox WHERE status = 'DONE' GROUP BY 1
+"""
+
+
+def purge_crashed(cluster, scale):
+    """outbox_purge empties a day of the attempt log (TRUNCATE of its partition) and deletes old
+    DONE messages. The server crashes while that transaction is open, after the TRUNCATE (pg_ctl
+    -m immediate; kill -9 of the purging backend), and right after it committed (pg_ctl -m
+    immediate): what it had not committed is all there, what it committed stays purged, and the
+    days it must keep are whole."""
+    reset(cluster)
+    n = scale.purge_rows
+    with cluster.connect() as conn:
+        conn.execute("TRUNCATE outbox_delivery_attempt")
+        conn.execute("SET timezone = 'UTC'")
+        # The attempt log is purged by the day (yesterday's stays until its day ended a day ago),
+        # messages by their age (those that ended an hour ago stay).
+        for days_ago, rows in ((3, n), (1, n // 10), (0, n // 10)):
+            # Within the day (from its start), whatever the hour now.
+            start = f"date_trunc('day', now()) - interval '{days_ago} days' + g * interval '1 ms'"
+            conn.execute(f"""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
+                             SELECT g, 1, 1, {start}, interval '20 ms', 200 FROM generate_series(1, {rows}) g""")
+        for ended, rows in (("date_trunc('day', now()) - interval '3 days'", n), ("now() - interval '1 hour'", n // 10)):
+            conn.execute(f"""INSERT INTO outbox (topic, payload, status, attempts, processed_at)
+                             SELECT 'audit.exported', '{{}}', 'DONE', 1, {ended} + g * interval '1 ms' FROM generate_series(1, {rows}) g""")
+    with cluster.connect() as conn:
+        conn.execute("SET timezone = 'UTC'")
+        before = dict(conn.execute(HISTORY).fetchall())
+    assert before["attempts 3"] == n and before["done 3"] == n, before
+    purged = {k: v for k, v in before.items() if k.endswith(" 3")}
+    kept = {k: v for k, v in before.items() if not k.endswith(" 3")}
+
+    def history():
+        with cluster.connect() as conn:
+            conn.execute("SET timezone = 'UTC'")
+            return dict(conn.execute(HISTORY).fetchall())
+
+    def lost_from(expected, now):
+        return sum(max(count - now.get(key, 0), 0) for key, count in expected.items())
+
+    def reconnect_after(crash):
+        crash()
+        began = time.monotonic()
+        time.sleep(1)  # (after a kill -9, the postmaster resets the cluster)
+        wait_until(lambda: history() is not None, timeout=60, what="the server back")
+        return time.monotonic() - began
+
+    lost, resurrected, recovery, checks = 0, 0, 0.0, []
+    for name, crash in (("pg_ctl -m immediate", lambda pid: (cluster.pg_ctl("stop", "-m", "immediate"), cluster.pg_ctl("start"))),
+                        ("kill -9 of its backend", lambda pid: os.kill(pid, signal.SIGKILL))):
+        purger = psycopg.connect(host="127.0.0.1", port=cluster.port, user="postgres", dbname=DATABASE)
+        purger.execute("SELECT outbox_purge(interval '1 day', max_rows => 1000000)")
+        # The moment: the day's partition truncated (as this transaction sees it), not committed.
+        truncated = purger.execute("SELECT count(*) FROM outbox_delivery_attempt WHERE started_at < now() - interval '2 days'").fetchone()[0] == 0
+        pid = purger.info.backend_pid
+        recovery = max(recovery, reconnect_after(lambda: crash(pid)))
+        purger.close()
+        now = history()
+        lost += lost_from(before, now)
+        checks.append(truncated and now == before)
+    with cluster.connect() as conn:
+        conn.execute("SELECT outbox_purge(interval '1 day', max_rows => 1000000)")
+    recovery = max(recovery, reconnect_after(lambda: (cluster.pg_ctl("stop", "-m", "immediate"), cluster.pg_ctl("start"))))
+    now = history()
+    lost += lost_from(kept, now)
+    resurrected = sum(now.get(key, 0) for key in purged)
+    checks.append(now == kept)
+    with cluster.connect() as conn:
+        # The partitions are whole after it all: a request of today is recorded, and purged again.
+        conn.execute("""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration)
+                        VALUES (1, 1, 1, now(), interval '1 ms')""")
+        checks.append(conn.execute("SELECT outbox_purge(interval '1 day')").fetchone()[0] == 0)
+        conn.execute("TRUNCATE outbox_delivery_attempt")
+    reset(cluster)
+    return {"scenario": "server crash during outbox_purge (a day's TRUNCATE open: pg_ctl -m immediate, kill -9; committed: pg_ctl -m immediate)",
+            "messages": sum(before.values()), "lost": lost, "duplicated": resurrected, "recovery_s": recovery,
+            "ok": all(checks) and lost == 0 and resurrected == 0,
+            "note": "messages: attempt-log rows and DONE messages; duplicated: purged rows back after recovery"}
+
+
 # --------------------------------------------------------------------------------------------
 # Receiver faults
 # --------------------------------------------------------------------------------------------
@@ -476,7 +562,7 @@ def main():
     parser.add_argument("--short", action="store_true")
     parser.add_argument("--port", type=int, default=25380)
     parser.add_argument("--output", type=pathlib.Path)
-    parser.add_argument("--only", nargs="*", help="run only these (hostile consumers worker server receiver locked million soak)")
+    parser.add_argument("--only", nargs="*", help="run only these (hostile consumers worker server purge receiver locked million soak)")
     args = parser.parse_args()
     scale = Scale(args.short)
     cluster = Cluster(args.port)
@@ -488,6 +574,7 @@ def main():
         ("consumers", lambda: consumer_crashes(cluster, scale, "lease")),
         ("worker", lambda: worker_killed(cluster, scale, receiver)),
         ("server", lambda: server_crashed(cluster, scale, receiver)),
+        ("purge", lambda: purge_crashed(cluster, scale)),
         ("receiver", lambda: receiver_faults(cluster, scale, receiver)),
         ("locked", lambda: table_locked(cluster, scale, receiver)),
         ("million", lambda: million_exactly_once(cluster, scale)),
