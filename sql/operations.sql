@@ -390,6 +390,7 @@ DECLARE
     deleted   bigint;
     finished  @extschema@.outbox_status;
     today     timestamptz;
+    days      integer;  -- partitions of the attempt log: the days it cycles through
     day_start timestamptz;
     day_log   regclass;
     holds     boolean;
@@ -431,9 +432,10 @@ BEGIN
     -- not ended yet wait for it. Rows in a partition older than the day it holds now (a
     -- retention over 31 days, a started_at set by hand) are deleted one by one, as before 0.5.2.
     today := date_trunc('day', clock_timestamp() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
-    FOR slot IN 0..31 LOOP
+    days := (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = '@extschema@.outbox_delivery_attempt'::regclass);
+    FOR slot IN 0 .. days - 1 LOOP
         -- The latest day, up to today, whose requests this partition holds.
-        day_start := today - ((@extschema@.outbox_attempt_log_slot(today) - slot + 32) % 32) * interval '1 day';
+        day_start := today - ((@extschema@.outbox_attempt_log_slot(today) - slot + days) % days) * interval '1 day';
         day_log := format('@extschema@.%I', 'outbox_delivery_attempt_' || slot)::regclass;
         IF day_start + interval '1 day' <= cutoff THEN
             EXECUTE format('SELECT EXISTS (SELECT FROM %s)', day_log) INTO holds;

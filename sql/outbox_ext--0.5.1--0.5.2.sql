@@ -54,7 +54,7 @@ $keep_grants$;
 -- rather than one per date created as time goes by: they are the extension's own objects, so
 -- pg_dump and pg_upgrade carry them like the rest, and no DDL runs while the worker delivers.
 -- A day's rows share their partition with no other day's as long as the retention is under 32
--- days (docs/operations.md says what happens beyond).
+-- days (docs/storage.md says what happens beyond).
 --
 -- The partition of a request: its UTC day since 1970, modulo 32. The one place of that rule.
 -- Written with immutable operators only, so the planner inlines it into the partition key and
@@ -87,6 +87,7 @@ CREATE INDEX outbox_delivery_attempt_delivery_idx ON outbox_delivery_attempt (me
 -- newer than a purge's cutoff (then it is not emptied) or older than its day (then they are
 -- deleted, see outbox_purge).
 CREATE INDEX outbox_delivery_attempt_started_idx ON outbox_delivery_attempt USING brin (started_at);
+-- One partition per value of outbox_attempt_log_slot (outbox_purge counts them here).
 DO $$
 BEGIN
     FOR slot IN 0..31 LOOP
@@ -893,6 +894,7 @@ DECLARE
     deleted   bigint;
     finished  @extschema@.outbox_status;
     today     timestamptz;
+    days      integer;  -- partitions of the attempt log: the days it cycles through
     day_start timestamptz;
     day_log   regclass;
     holds     boolean;
@@ -934,9 +936,10 @@ BEGIN
     -- not ended yet wait for it. Rows in a partition older than the day it holds now (a
     -- retention over 31 days, a started_at set by hand) are deleted one by one, as before 0.5.2.
     today := date_trunc('day', clock_timestamp() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
-    FOR slot IN 0..31 LOOP
+    days := (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = '@extschema@.outbox_delivery_attempt'::regclass);
+    FOR slot IN 0 .. days - 1 LOOP
         -- The latest day, up to today, whose requests this partition holds.
-        day_start := today - ((@extschema@.outbox_attempt_log_slot(today) - slot + 32) % 32) * interval '1 day';
+        day_start := today - ((@extschema@.outbox_attempt_log_slot(today) - slot + days) % days) * interval '1 day';
         day_log := format('@extschema@.%I', 'outbox_delivery_attempt_' || slot)::regclass;
         IF day_start + interval '1 day' <= cutoff THEN
             EXECUTE format('SELECT EXISTS (SELECT FROM %s)', day_log) INTO holds;

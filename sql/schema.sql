@@ -253,7 +253,7 @@ CREATE INDEX outbox_dead_idx ON outbox (topic) WHERE status OPERATOR(pg_catalog.
 -- rather than one per date created as time goes by: they are the extension's own objects, so
 -- pg_dump and pg_upgrade carry them like the rest, and no DDL runs while the worker delivers.
 -- A day's rows share their partition with no other day's as long as the retention is under 32
--- days (docs/operations.md says what happens beyond).
+-- days (docs/storage.md says what happens beyond).
 --
 -- The partition of a request: its UTC day since 1970, modulo 32. The one place of that rule.
 -- Written with immutable operators only, so the planner inlines it into the partition key and
@@ -286,6 +286,7 @@ CREATE INDEX outbox_delivery_attempt_delivery_idx ON outbox_delivery_attempt (me
 -- newer than a purge's cutoff (then it is not emptied) or older than its day (then they are
 -- deleted, see outbox_purge).
 CREATE INDEX outbox_delivery_attempt_started_idx ON outbox_delivery_attempt USING brin (started_at);
+-- One partition per value of outbox_attempt_log_slot (outbox_purge counts them here).
 DO $$
 BEGIN
     FOR slot IN 0..31 LOOP
