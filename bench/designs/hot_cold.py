@@ -21,14 +21,14 @@ Two stand-ins with the columns and indexes of `outbox` that matter here:
 import json
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench import PAYLOAD, PG_BIN, Cluster, DATABASE  # noqa: E402
+from bench import PAYLOAD, Cluster  # noqa: E402
+from bench import pgbench as run_pgbench  # noqa: E402 (an absolute script path is used as it is)
 
 COLUMNS = """
     id           bigint        NOT NULL,
@@ -80,14 +80,10 @@ TABLE = {"one table": "spike_one", "hot/cold": "spike_hot"}
 
 
 def pgbench(sql, clients, seconds, rate=None):
+    """bench.py's pgbench, on a script written here."""
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write(sql)
-    command = [PG_BIN / "pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds),
-               "-f", script.name, DATABASE]
-    if rate:
-        command[1:1] = ["-R", str(rate)]
-    run = subprocess.run(command, capture_output=True, text=True, check=True)
-    return float(run.stdout.split("tps = ")[1].split()[0])
+    return run_pgbench(script.name, clients, seconds, rate=rate)[0]
 
 
 def fill(conn, table, rows):

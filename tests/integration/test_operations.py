@@ -178,10 +178,12 @@ def no_worker_purge():
         admin.execute("SELECT pg_reload_conf()")
 
 
-def log_attempts(conn, count, started_at):
-    """count rows of the attempt log, started at the SQL expression started_at."""
+def log_attempts(conn, count, started_at, subscription=1):
+    """count rows of the attempt log (answered 200), started at the SQL expression started_at
+    (of n, 1 to count)."""
     conn.execute(f"""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
-                     SELECT n, 1, 1, {started_at}, interval '20 ms', 200 FROM generate_series(1, %s) n""", (count,))
+                     SELECT n, %s, 1, {started_at}, interval '20 ms', 200 FROM generate_series(1, %s) n""",
+                 (subscription, count))
 
 
 def attempt_log_days(conn):
@@ -247,11 +249,8 @@ def test_endpoint_stats_read_the_attempt_log_of_the_last_minute_only(db, no_work
     db.execute("INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('audit.exported', 'http://127.0.0.1:9/', false)")
     subscription = db.execute("SELECT id FROM outbox_subscription").fetchone()[0]
     # 100k requests of earlier days (in the partition of one), 3 answered with 2xx just now.
-    db.execute(f"""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
-                   SELECT g, {subscription}, 1, now() - interval '3 days' + g * interval '100 ms', interval '20 ms', 200
-                     FROM generate_series(1, 100000) g""")
-    log_attempts(db, 3, "clock_timestamp() - interval '5 seconds'")
-    db.execute(f"UPDATE outbox_delivery_attempt SET subscription_id = {subscription} WHERE started_at > now() - interval '1 minute'")
+    log_attempts(db, 100000, "now() - interval '3 days' + n * interval '100 ms'", subscription)
+    log_attempts(db, 3, "clock_timestamp() - interval '5 seconds'", subscription)
     db.execute("VACUUM ANALYZE outbox_delivery_attempt")
     plan = plan_of(db, "SELECT * FROM outbox_endpoint_stats()", "http_status BETWEEN 200 AND 299")["Plan"]
     # (Partitions without rows may be read whole: there is nothing in them.)

@@ -314,17 +314,20 @@ def purge_crashed(cluster, scale):
         for ended, rows in (("date_trunc('day', now()) - interval '3 days'", n), ("now() - interval '1 hour'", n // 10)):
             conn.execute(f"""INSERT INTO outbox (topic, payload, status, attempts, processed_at)
                              SELECT 'audit.exported', '{{}}', 'DONE', 1, {ended} + g * interval '1 ms' FROM generate_series(1, {rows}) g""")
-    with cluster.connect() as conn:
-        conn.execute("SET timezone = 'UTC'")
-        before = dict(conn.execute(HISTORY).fetchall())
-    assert before["attempts 3"] == n and before["done 3"] == n, before
-    purged = {k: v for k, v in before.items() if k.endswith(" 3")}
-    kept = {k: v for k, v in before.items() if not k.endswith(" 3")}
 
     def history():
         with cluster.connect() as conn:
             conn.execute("SET timezone = 'UTC'")
             return dict(conn.execute(HISTORY).fetchall())
+
+    def restart_immediately():
+        cluster.pg_ctl("stop", "-m", "immediate")
+        cluster.pg_ctl("start")
+
+    before = history()
+    assert before["attempts 3"] == n and before["done 3"] == n, before
+    purged = {k: v for k, v in before.items() if k.endswith(" 3")}
+    kept = {k: v for k, v in before.items() if not k.endswith(" 3")}
 
     def lost_from(expected, now):
         return sum(max(count - now.get(key, 0), 0) for key, count in expected.items())
@@ -337,8 +340,7 @@ def purge_crashed(cluster, scale):
         return time.monotonic() - began
 
     lost, resurrected, recovery, checks = 0, 0, 0.0, []
-    for name, crash in (("pg_ctl -m immediate", lambda pid: (cluster.pg_ctl("stop", "-m", "immediate"), cluster.pg_ctl("start"))),
-                        ("kill -9 of its backend", lambda pid: os.kill(pid, signal.SIGKILL))):
+    for crash in (lambda pid: restart_immediately(), lambda pid: os.kill(pid, signal.SIGKILL)):
         purger = psycopg.connect(host="127.0.0.1", port=cluster.port, user="postgres", dbname=DATABASE)
         purger.execute("SELECT outbox_purge(interval '1 day', max_rows => 1000000)")
         # The moment: the day's partition truncated (as this transaction sees it), not committed.
@@ -351,7 +353,7 @@ def purge_crashed(cluster, scale):
         checks.append(truncated and now == before)
     with cluster.connect() as conn:
         conn.execute("SELECT outbox_purge(interval '1 day', max_rows => 1000000)")
-    recovery = max(recovery, reconnect_after(lambda: (cluster.pg_ctl("stop", "-m", "immediate"), cluster.pg_ctl("start"))))
+    recovery = max(recovery, reconnect_after(restart_immediately))
     now = history()
     lost += lost_from(kept, now)
     resurrected = sum(now.get(key, 0) for key in purged)
