@@ -4,7 +4,8 @@
 #
 #   sql/outbox_ext--<previous>--<current>.sql  the hand-written changes to <previous>'s objects
 #       (sql/upgrades/<previous>--<current>.sql), then every source file whose statements are
-#       safe to run again (CREATE OR REPLACE, GRANT/REVOKE);
+#       safe to run again (CREATE OR REPLACE, GRANT/REVOKE), then what must run with those in
+#       place (sql/upgrades/<previous>--<current>.after.sql, when there is one);
 #   sql/outbox_ext--<older>--<current>.sql     for each older release whose own steps lost the
 #       users' grants: its released steps, then the above, in one script PostgreSQL prefers
 #       (it takes the path with the fewest steps).
@@ -18,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-previous=0.5.1
+previous=0.5.2
 # Older releases with their released steps up to $previous, oldest first, for those whose own
 # steps lose users' grants. Every release since 0.4.0 reaches $previous by a script that keeps
 # them (sql/outbox_ext--{0.1.0,0.2.0,0.3.0}--0.4.0.sql), so PostgreSQL's path through it is
@@ -35,6 +36,11 @@ body() {
         printf -- '\n-- ======== %s ========\n' "$source"
         cat "$source"
     done
+    # What must run with the new functions in place (moving rows with them, say).
+    if [ -f "sql/upgrades/$previous--$current.after.sql" ]; then
+        printf -- '\n-- ======== sql/upgrades/%s--%s.after.sql ========\n' "$previous" "$current"
+        cat "sql/upgrades/$previous--$current.after.sql"
+    fi
 }
 
 # script FROM STEP_FILES... : the whole update script from release FROM to $current.

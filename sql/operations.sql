@@ -42,24 +42,25 @@ BEGIN
         -- every pending row twice.
         SELECT o.topic, o.attempts, o.available_at, o.created_at, o.lease_token, o.waiting_for,
                0::bigint AS dead, 0::bigint AS completed
-          FROM @extschema@.outbox o
+          FROM ONLY @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for IS NULL
         UNION ALL
         SELECT o.topic, o.attempts, o.available_at, o.created_at, o.lease_token, o.waiting_for, 0, 0
-          FROM @extschema@.outbox o
+          FROM ONLY @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'ordering_key'::@extschema@.outbox_wait
         UNION ALL
         SELECT o.topic, o.attempts, o.available_at, o.created_at, o.lease_token, o.waiting_for, 0, 0
-          FROM @extschema@.outbox o
+          FROM ONLY @extschema@.outbox o
          WHERE o.status = 'PENDING'::@extschema@.outbox_status AND o.waiting_for = 'deliveries'::@extschema@.outbox_wait
         UNION ALL
         SELECT o.topic, NULL, NULL, NULL, NULL, NULL, count(*), 0
-          FROM @extschema@.outbox o
+          FROM ONLY @extschema@.outbox o
          WHERE o.status = 'DEAD'::@extschema@.outbox_status
          GROUP BY o.topic
         UNION ALL
+        -- (outbox_archive leaves the last minute's completions in outbox.)
         SELECT o.topic, NULL, NULL, NULL, NULL, NULL, 0, count(*)
-          FROM @extschema@.outbox o
+          FROM ONLY @extschema@.outbox o
          WHERE o.status = 'DONE'::@extschema@.outbox_status AND o.processed_at > clock_now - interval '1 minute'
          GROUP BY o.topic
     ), per_topic AS (
@@ -92,7 +93,7 @@ BEGIN
         SELECT w.topic::text AS topic, GROUPING(w.topic) AS total,
                count(DISTINCT w.ordering_key) AS keys,
                clock_now - min(w.created_at) AS oldest_age
-          FROM @extschema@.outbox w
+          FROM ONLY @extschema@.outbox w
          WHERE w.status = 'PENDING'::@extschema@.outbox_status AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait
          GROUP BY GROUPING SETS ((w.topic), ())
     ), parked AS (
@@ -100,10 +101,10 @@ BEGIN
                count(DISTINCT s.id) AS endpoints,
                count(d.message_id) AS deliveries
           FROM @extschema@.outbox_subscription s
-          LEFT JOIN (SELECT r.subscription_id, r.message_id FROM @extschema@.outbox_delivery r
+          LEFT JOIN (SELECT r.subscription_id, r.message_id FROM ONLY @extschema@.outbox_delivery r
                       WHERE r.status = 'PENDING'::@extschema@.outbox_status AND r.waiting_for IS NULL
                      UNION ALL
-                     SELECT w.subscription_id, w.message_id FROM @extschema@.outbox_delivery w
+                     SELECT w.subscription_id, w.message_id FROM ONLY @extschema@.outbox_delivery w
                       WHERE w.status = 'PENDING'::@extschema@.outbox_status
                         AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) d
             ON d.subscription_id = s.id
@@ -114,20 +115,20 @@ BEGIN
                COALESCE(sum(d.n) FILTER (WHERE d.dead), 0)::bigint AS dead,
                clock_now - min(d.created_at) FILTER (WHERE NOT d.dead) AS oldest_pending_age
           FROM (SELECT m.topic::text AS topic, false AS dead, m.created_at, 1::bigint AS n
-                  FROM (SELECT p.message_id FROM @extschema@.outbox_delivery p
+                  FROM (SELECT p.message_id FROM ONLY @extschema@.outbox_delivery p
                          WHERE p.status = 'PENDING'::@extschema@.outbox_status AND p.waiting_for IS NULL
                         UNION ALL
-                        SELECT w.message_id FROM @extschema@.outbox_delivery w
+                        SELECT w.message_id FROM ONLY @extschema@.outbox_delivery w
                          WHERE w.status = 'PENDING'::@extschema@.outbox_status
                            AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) pending
-                  JOIN @extschema@.outbox m ON m.id = pending.message_id
+                  JOIN ONLY @extschema@.outbox m ON m.id = pending.message_id
                 UNION ALL
                 -- (Dead deliveries counted per endpoint, then by the endpoint's topic, which is
                 -- their message's: an index-only scan of outbox_delivery_dead_idx, no visit to
                 -- the messages, and a join of one row per endpoint.)
                 SELECT s.topic::text, true, NULL::timestamptz, e.n
                   FROM (SELECT e.subscription_id, count(*) AS n
-                          FROM @extschema@.outbox_delivery e
+                          FROM ONLY @extschema@.outbox_delivery e
                          WHERE e.status = 'DEAD'::@extschema@.outbox_status
                          GROUP BY e.subscription_id) e
                   JOIN @extschema@.outbox_subscription s ON s.id = e.subscription_id) d
@@ -160,7 +161,7 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     RETURN (SELECT count(*)
-              FROM @extschema@.outbox o
+              FROM ONLY @extschema@.outbox o
              WHERE o.status = 'PENDING'::@extschema@.outbox_status
                AND o.waiting_for IS NULL
                AND o.available_at <= clock_timestamp()
@@ -197,7 +198,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.id, s.topic::text, s.url, s.enabled,
            COALESCE(p.pending, 0), COALESCE(p.ready, 0), COALESCE(p.in_flight, 0), COALESCE(p.retrying, 0),
-           (SELECT count(*) FROM @extschema@.outbox_delivery d
+           (SELECT count(*) FROM ONLY @extschema@.outbox_delivery d
              WHERE d.subscription_id = s.id AND d.status = 'DEAD'::@extschema@.outbox_status),
            p.oldest_pending_age,
            (SELECT count(*) FROM @extschema@.outbox_delivery_attempt a
@@ -214,13 +215,13 @@ AS $$
                    count(*) FILTER (WHERE d.leased) AS in_flight,
                    count(*) FILTER (WHERE NOT d.leased AND d.attempts > 0 AND d.waiting_for IS NULL) AS retrying,
                    clock_timestamp() - min(m.created_at) AS oldest_pending_age
-              FROM (SELECT r.message_id, r.available_at, r.leased, r.attempts, r.waiting_for FROM @extschema@.outbox_delivery r
+              FROM (SELECT r.message_id, r.available_at, r.leased, r.attempts, r.waiting_for FROM ONLY @extschema@.outbox_delivery r
                      WHERE r.subscription_id = s.id AND r.status = 'PENDING'::@extschema@.outbox_status AND r.waiting_for IS NULL
                     UNION ALL
-                    SELECT w.message_id, w.available_at, w.leased, w.attempts, w.waiting_for FROM @extschema@.outbox_delivery w
+                    SELECT w.message_id, w.available_at, w.leased, w.attempts, w.waiting_for FROM ONLY @extschema@.outbox_delivery w
                      WHERE w.subscription_id = s.id AND w.status = 'PENDING'::@extschema@.outbox_status
                        AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) d
-              JOIN @extschema@.outbox m ON m.id = d.message_id) p ON true
+              JOIN ONLY @extschema@.outbox m ON m.id = d.message_id) p ON true
      ORDER BY s.id
 $$;
 
@@ -243,15 +244,16 @@ DECLARE
     endpoint_keys text[];
 BEGIN
     WITH dead AS (
+        -- (Dead letters are never moved to the history: outbox itself holds them all.)
         SELECT o.id
-          FROM @extschema@.outbox o
+          FROM ONLY @extschema@.outbox o
          WHERE o.status = 'DEAD'::@extschema@.outbox_status
            AND (outbox_requeue_dead.ids IS NULL OR o.id = ANY (outbox_requeue_dead.ids))
            AND (outbox_requeue_dead.topic IS NULL OR o.topic = outbox_requeue_dead.topic)
            FOR UPDATE
     ), deliveries AS (
         -- With an ordering key, a requeued delivery queues behind its key's at that endpoint.
-        UPDATE @extschema@.outbox_delivery d
+        UPDATE ONLY @extschema@.outbox_delivery d
            SET status = 'PENDING', attempts = 0, available_at = clock_timestamp(), processed_at = NULL, leased = false,
                waiting_for = CASE WHEN d.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait END
           FROM dead
@@ -262,12 +264,12 @@ BEGIN
         SELECT array_agg(k.subscription_id) AS endpoints, array_agg(k.ordering_key) AS endpoint_keys
           FROM (SELECT DISTINCT e.subscription_id, e.ordering_key FROM deliveries e WHERE e.ordering_key IS NOT NULL) k
     ), messages AS (
-        UPDATE @extschema@.outbox o
+        UPDATE ONLY @extschema@.outbox o
            SET status = 'PENDING', attempts = 0, processed_at = NULL, lease_token = NULL,
                available_at = clock_timestamp(),
                -- With deliveries, the message waits for them again; with an ordering key, it
                -- queues behind the key's messages (released below when the key has none).
-               waiting_for = CASE WHEN EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id = o.id)
+               waiting_for = CASE WHEN EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id = o.id)
                                   THEN 'deliveries'::@extschema@.outbox_wait
                                   WHEN o.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait
                              END
@@ -334,11 +336,17 @@ AS $$
 DECLARE
     discarded integer;
 BEGIN
-    DELETE FROM @extschema@.outbox o
-     WHERE o.status = 'DEAD'
-       AND (outbox_discard_dead.ids IS NULL OR o.id = ANY (outbox_discard_dead.ids))
-       AND (outbox_discard_dead.topic IS NULL OR o.topic = outbox_discard_dead.topic);
-    GET DIAGNOSTICS discarded = ROW_COUNT;
+    -- (Dead letters are never moved to the history: outbox itself holds them all.)
+    WITH gone AS (
+        DELETE FROM ONLY @extschema@.outbox o
+         WHERE o.status = 'DEAD'
+           AND (outbox_discard_dead.ids IS NULL OR o.id = ANY (outbox_discard_dead.ids))
+           AND (outbox_discard_dead.topic IS NULL OR o.topic = outbox_discard_dead.topic)
+        RETURNING o.id
+    ), gone_deliveries AS (
+        DELETE FROM ONLY @extschema@.outbox_delivery d USING gone WHERE d.message_id = gone.id
+    )
+    SELECT count(*) INTO discarded FROM gone;
     RETURN discarded;
 END
 $$;
@@ -375,26 +383,89 @@ COMMENT ON FUNCTION outbox_discard(bigint) IS 'Deletes the DEAD message; returns
 COMMENT ON FUNCTION outbox_discard(text) IS 'Deletes every DEAD message of the topic; returns how many.';
 COMMENT ON FUNCTION outbox_discard_all() IS 'Deletes every DEAD message; returns how many.';
 
+-- archive: move DONE messages, with their deliveries, out of the table the claims and the
+-- worker read, a minute after they ended, into the history table of the day they were
+-- processed (sql/schema.sql, docs/storage.md), at most max_rows of them, oldest first;
+-- returns how many. The delivery
+-- worker calls it every second; outbox_purge calls it too, for databases without a worker.
+-- Messages with a dedupe_key stay (their key is unique in outbox only) until purged.
+CREATE OR REPLACE FUNCTION outbox_archive(max_rows integer DEFAULT 10000) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    archived bigint := 0;
+    moved    bigint;
+    day_slot integer;
+    ids      bigint[];
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 1000000 THEN
+        RAISE EXCEPTION 'outbox_archive: max_rows must be between 1 and 1000000, got %', max_rows
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- outbox_redeliver holds this lock while it reads messages of any age: rather than move a
+    -- message from under it, wait for the next call. (Shared: archives run side by side,
+    -- each skipping the rows another has locked.)
+    IF NOT pg_try_advisory_xact_lock_shared('@extschema@.outbox_history_0'::regclass::oid::int4, 0) THEN
+        RETURN 0;
+    END IF;
+    FOR day_slot, ids IN
+        SELECT @extschema@.outbox_attempt_log_slot(e.processed_at), array_agg(e.id)
+          FROM (SELECT o.id, o.processed_at
+                  FROM ONLY @extschema@.outbox o
+                 WHERE o.status = 'DONE'::@extschema@.outbox_status
+                   AND o.status <> 'PENDING'::@extschema@.outbox_status  -- (outbox_processed_idx)
+                   -- A minute after: outbox_stats() counts the last minute's completions here.
+                   AND o.processed_at < clock_timestamp() - interval '1 minute'
+                   AND o.dedupe_key IS NULL
+                   -- (A message completed by hand while the worker delivered it stays.)
+                   AND NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d
+                                    WHERE d.message_id = o.id AND d.status <> 'DONE'::@extschema@.outbox_status)
+                 ORDER BY o.status, o.processed_at
+                 LIMIT max_rows
+                   FOR UPDATE SKIP LOCKED) e
+         GROUP BY 1
+    LOOP
+        EXECUTE format(
+            'WITH messages AS (DELETE FROM ONLY @extschema@.outbox o WHERE o.id = ANY ($1) RETURNING o.*),
+                  deliveries AS (DELETE FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id = ANY ($1) RETURNING d.*),
+                  archived_deliveries AS (INSERT INTO @extschema@.%I SELECT * FROM deliveries)
+             INSERT INTO @extschema@.%I SELECT * FROM messages',
+            'outbox_delivery_history_' || day_slot, 'outbox_history_' || day_slot) USING ids;
+        GET DIAGNOSTICS moved = ROW_COUNT;
+        archived := archived + moved;
+    END LOOP;
+    RETURN archived;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_archive(integer) IS
+'Moves up to max_rows DONE messages (without a dedupe_key) that ended over a minute ago, with their deliveries, into the history table of the day they were processed, oldest first; returns how many. The delivery worker calls it every second.';
+
 -- purge: delete DONE rows (and DEAD ones, when asked) finished longer than older_than ago,
--- at most max_rows of them, oldest first. Bounded so no call holds its row locks or its
--- transaction for long: call it again until it returns less than max_rows (the delivery
--- worker does, every minute, with outbox.retention).
+-- at most max_rows of them, oldest first, with their deliveries. Bounded so no call holds its
+-- row locks or its transaction for long: call it again until it returns less than max_rows
+-- (the delivery worker does, every minute, with outbox.retention). The history of DONE messages
+-- and the attempt log go a whole day at a time (below), not counted.
 CREATE OR REPLACE FUNCTION outbox_purge(older_than interval, include_dead boolean DEFAULT false, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    cutoff    timestamptz;
-    purged    bigint := 0;
-    deleted   bigint;
-    finished  @extschema@.outbox_status;
-    today     timestamptz;
-    days      integer;  -- partitions of the attempt log: the days it cycles through
-    day_start timestamptz;
-    day_log   regclass;
-    holds     boolean;
-    waited    text;
+    cutoff      timestamptz;
+    purged      bigint := 0;
+    deleted     bigint;
+    finished    @extschema@.outbox_status;
+    today       timestamptz;
+    days        integer;  -- partitions of the attempt log: the days it cycles through
+    day_start   timestamptz;
+    day_kind    text;
+    day_table   regclass;
+    companion   regclass;     -- the deliveries' history of the same day, for outbox_history_N
+    time_column text;
+    holds       boolean;
+    waited      text;
 BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'outbox_purge: older_than must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -412,64 +483,90 @@ BEGIN
     END IF;
 
     cutoff := clock_timestamp() - older_than;
+    -- What is still in outbox itself (dead letters, DONE messages not moved to the history yet,
+    -- those with a dedupe_key): row by row, with their deliveries.
     FOREACH finished IN ARRAY CASE WHEN include_dead THEN '{DONE,DEAD}'::@extschema@.outbox_status[] ELSE '{DONE}' END LOOP
         EXIT WHEN purged >= max_rows;
-        DELETE FROM @extschema@.outbox o
-         WHERE o.ctid = ANY (ARRAY(
-                   SELECT d.ctid FROM @extschema@.outbox d
-                    WHERE d.status = finished AND d.processed_at < cutoff
-                    ORDER BY d.processed_at
-                    LIMIT max_rows - purged))
-           -- Re-checked on the row actually deleted (a dead letter requeued meanwhile stays).
-           AND o.status = finished AND o.processed_at < cutoff;
-        GET DIAGNOSTICS deleted = ROW_COUNT;
+        WITH gone AS (
+            DELETE FROM ONLY @extschema@.outbox o
+             WHERE o.ctid = ANY (ARRAY(
+                       SELECT d.ctid FROM ONLY @extschema@.outbox d
+                        WHERE d.status = finished AND d.processed_at < cutoff
+                        ORDER BY d.processed_at
+                        LIMIT max_rows - purged))
+               -- Re-checked on the row actually deleted (a dead letter requeued meanwhile stays).
+               AND o.status = finished AND o.processed_at < cutoff
+            RETURNING o.id
+        ), gone_deliveries AS (
+            DELETE FROM ONLY @extschema@.outbox_delivery d USING gone WHERE d.message_id = gone.id
+        )
+        SELECT count(*) INTO deleted FROM gone;
         purged := purged + deleted;
     END LOOP;
+    -- Without a delivery worker, nothing else moves DONE messages to the history.
+    PERFORM @extschema@.outbox_archive(max_rows);
 
-    -- The attempt log (its deliveries went with their messages), a day at a time: the partition
-    -- of a day that ended before the cutoff is emptied whole (TRUNCATE: no dead tuples, a time
-    -- that does not grow with its rows; not counted in the result). The rows of a day that has
-    -- not ended yet wait for it. Rows in a partition older than the day it holds now (a
-    -- retention over 31 days, a started_at set by hand) are deleted one by one, as before 0.5.2.
+    -- The history of DONE messages (with their deliveries) and the attempt log, a day at a time:
+    -- the table of a day that ended before the cutoff is emptied whole (TRUNCATE: no dead tuples,
+    -- a time that does not grow with its rows; not counted in the result). The rows of a day
+    -- that has not ended yet wait for it. Rows older than the day their table holds now (a
+    -- retention over 31 days, a time set by hand) are deleted one by one.
     today := date_trunc('day', clock_timestamp() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
     days := (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = '@extschema@.outbox_delivery_attempt'::regclass);
     FOR slot IN 0 .. days - 1 LOOP
-        -- The latest day, up to today, whose requests this partition holds.
+        -- The latest day, up to today, whose rows this slot holds.
         day_start := today - ((@extschema@.outbox_attempt_log_slot(today) - slot + days) % days) * interval '1 day';
-        day_log := format('@extschema@.%I', 'outbox_delivery_attempt_' || slot)::regclass;
-        IF day_start + interval '1 day' <= cutoff THEN
-            EXECUTE format('SELECT EXISTS (SELECT FROM %s)', day_log) INTO holds;
-            IF holds THEN
-                waited := current_setting('lock_timeout');
-                BEGIN
-                    -- Whoever reads the attempt log meanwhile makes this wait, and everyone
-                    -- after it: give up soon, the next purge tries again.
-                    PERFORM set_config('lock_timeout', '1s', true);
-                    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', day_log);
-                    PERFORM set_config('lock_timeout', waited, true);
-                    -- Under the lock: nothing of the cutoff or later (a clock set back) is lost.
-                    EXECUTE format('SELECT EXISTS (SELECT FROM %s WHERE started_at >= $1)', day_log) USING cutoff INTO holds;
-                    IF NOT holds THEN
-                        EXECUTE format('TRUNCATE %s', day_log);
-                    END IF;
-                EXCEPTION WHEN lock_not_available THEN
-                    NULL;  -- (the block's subtransaction also restores lock_timeout)
-                END;
+        FOREACH day_kind IN ARRAY '{outbox_delivery_attempt_,outbox_history_}'::text[] LOOP
+            day_table := format('@extschema@.%I', day_kind || slot)::regclass;
+            IF day_kind = 'outbox_history_' THEN
+                time_column := 'processed_at';
+                companion := format('@extschema@.%I', 'outbox_delivery_history_' || slot)::regclass;
+            ELSE
+                time_column := 'started_at';
+                companion := NULL;
             END IF;
-        END IF;
-        IF purged < max_rows THEN
-            EXECUTE format('DELETE FROM %1$s a WHERE a.ctid = ANY (ARRAY(SELECT l.ctid FROM %1$s l WHERE l.started_at < $1 LIMIT $2))', day_log)
-              USING least(cutoff, day_start), max_rows - purged;
-            GET DIAGNOSTICS deleted = ROW_COUNT;
-            purged := purged + deleted;
-        END IF;
+            IF day_start + interval '1 day' <= cutoff THEN
+                EXECUTE format('SELECT EXISTS (SELECT FROM %s)', day_table) INTO holds;
+                IF holds THEN
+                    waited := current_setting('lock_timeout');
+                    BEGIN
+                        -- Whoever reads these rows meanwhile makes this wait, and everyone
+                        -- after it: give up soon, the next purge tries again.
+                        PERFORM set_config('lock_timeout', '1s', true);
+                        EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', concat_ws(', ', day_table, companion));
+                        PERFORM set_config('lock_timeout', waited, true);
+                        -- Under the lock: nothing of the cutoff or later (a clock set back) is lost.
+                        EXECUTE format('SELECT EXISTS (SELECT FROM %s WHERE %I >= $1)', day_table, time_column) USING cutoff INTO holds;
+                        IF NOT holds THEN
+                            EXECUTE format('TRUNCATE %s', concat_ws(', ', day_table, companion));
+                        END IF;
+                    EXCEPTION WHEN lock_not_available THEN
+                        NULL;  -- (the block's subtransaction also restores lock_timeout)
+                    END;
+                END IF;
+            END IF;
+            IF purged < max_rows THEN
+                IF companion IS NULL THEN
+                    EXECUTE format('DELETE FROM %1$s a WHERE a.ctid = ANY (ARRAY(SELECT l.ctid FROM %1$s l WHERE l.%2$I < $1 LIMIT $2))',
+                                   day_table, time_column)
+                      USING least(cutoff, day_start), max_rows - purged;
+                    GET DIAGNOSTICS deleted = ROW_COUNT;
+                ELSE
+                    EXECUTE format('WITH gone AS (DELETE FROM %1$s a WHERE a.ctid = ANY (ARRAY(SELECT l.ctid FROM %1$s l WHERE l.%2$I < $1 LIMIT $2)) RETURNING a.id),
+                                         gone_deliveries AS (DELETE FROM %3$s d USING gone WHERE d.message_id = gone.id)
+                                    SELECT count(*) FROM gone', day_table, time_column, companion)
+                      USING least(cutoff, day_start), max_rows - purged INTO deleted;
+                END IF;
+                purged := purged + deleted;
+            END IF;
+        END LOOP;
     END LOOP;
     RETURN purged;
 END
 $$;
 
 COMMENT ON FUNCTION outbox_purge(interval, boolean, integer) IS
-'Deletes up to max_rows DONE messages (and DEAD ones with include_dead) processed longer than older_than ago, oldest first, with their deliveries, and empties the attempt log of the days that ended before then; returns how many rows it deleted. Call again until it returns less than max_rows.';
+'Deletes up to max_rows DONE messages (and DEAD ones with include_dead) processed longer than older_than ago, oldest first, with their deliveries, and empties the history of DONE messages and the attempt log of the days that ended before then; returns how many rows it deleted one by one. Call again until it returns less than max_rows.';
 
 -- redeliver: send messages of an endpoint's topic to that endpoint again, whatever their
 -- delivery's state: DONE (replay to a receiver that lost data), DEAD (retry after a fix) or
@@ -489,6 +586,7 @@ DECLARE
     endpoint_topic text;
     scheduled      integer;
     keys           text[];
+    chosen_ids     bigint[];
 BEGIN
     IF outbox_redeliver.subscription_id IS NULL THEN
         RAISE EXCEPTION 'outbox_redeliver: subscription_id must not be NULL'
@@ -503,8 +601,11 @@ BEGIN
                   HINT = 'SELECT id, topic, url FROM outbox_subscriptions lists them.';
     END IF;
 
-    WITH chosen AS (
-        SELECT o.id, o.ordering_key
+    -- The messages, wherever they are (outbox and its history, below), locked. While this
+    -- transaction lasts, outbox_archive moves nothing (it would move them from under it).
+    PERFORM pg_advisory_xact_lock('@extschema@.outbox_history_0'::regclass::oid::int4, 0);
+    chosen_ids := ARRAY(
+        SELECT o.id
           FROM @extschema@.outbox o
          WHERE o.topic = endpoint_topic
            AND (outbox_redeliver.message_ids IS NULL OR o.id = ANY (outbox_redeliver.message_ids))
@@ -512,6 +613,26 @@ BEGIN
                 OR o.created_at >= outbox_redeliver.since)
            AND NOT (o.status = 'PENDING'::@extschema@.outbox_status
                     AND o.waiting_for IS DISTINCT FROM 'deliveries'::@extschema@.outbox_wait)
+         ORDER BY o.id
+           FOR UPDATE);
+    -- Those in the history come back to outbox, with their deliveries, to be sent again.
+    WITH archived AS (
+        DELETE FROM @extschema@.outbox o
+         WHERE o.id = ANY (chosen_ids) AND o.tableoid <> '@extschema@.outbox'::regclass
+        RETURNING o.*
+    ), archived_deliveries AS (
+        DELETE FROM @extschema@.outbox_delivery d
+         WHERE d.message_id IN (SELECT a.id FROM archived a) AND d.tableoid <> '@extschema@.outbox_delivery'::regclass
+        RETURNING d.*
+    ), restored_deliveries AS (
+        INSERT INTO @extschema@.outbox_delivery SELECT * FROM archived_deliveries
+    )
+    INSERT INTO @extschema@.outbox SELECT * FROM archived;
+
+    WITH chosen AS (
+        SELECT o.id, o.ordering_key
+          FROM ONLY @extschema@.outbox o
+         WHERE o.id = ANY (chosen_ids)
          ORDER BY o.id
            FOR UPDATE
     ), deliveries AS (
@@ -525,7 +646,7 @@ BEGIN
                waiting_for = EXCLUDED.waiting_for
         RETURNING d.message_id, d.ordering_key
     ), reopened AS (
-        UPDATE @extschema@.outbox o
+        UPDATE ONLY @extschema@.outbox o
            SET status = 'PENDING', processed_at = NULL, lease_token = NULL,
                waiting_for = 'deliveries'::@extschema@.outbox_wait
           FROM deliveries d

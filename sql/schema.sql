@@ -245,7 +245,7 @@ CREATE INDEX outbox_dead_idx ON outbox (topic) WHERE status OPERATOR(pg_catalog.
 -- ======== new in 0.5.1 ========
 -- No new objects: 0.5.1 changes function bodies (sql/upgrades/0.5.0--0.5.1.sql).
 
--- ======== new in 0.5.2 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.2 ========
 
 -- The attempt log in 32 partitions, one per UTC day in turn, so that retention empties a whole
 -- day with TRUNCATE (outbox_purge) instead of deleting its rows one by one: no dead tuples, no
@@ -308,3 +308,42 @@ CREATE VIEW outbox_delivery_attempts AS
 SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.duration, a.http_status, a.error
   FROM outbox_delivery_attempt a
   LEFT JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) a.subscription_id;
+
+-- ======== new in 0.5.3 (scripts/make-upgrade-script.sh copies from here to the end) ========
+
+-- The history of DONE messages leaves the table the claims and the worker read (docs/storage.md).
+-- outbox_archive (the delivery worker calls it every second) moves each DONE message, with its
+-- deliveries, out of outbox into outbox_history_N, N the day it was processed
+-- (outbox_attempt_log_slot: the attempt log's rule, one place for both); outbox_purge empties a
+-- whole day with TRUNCATE. The history tables INHERIT outbox (and outbox_delivery), so that
+-- outbox stays the essay's one table for its readers: SELECT … FROM outbox sees every message
+-- in every state (FOR UPDATE works on it, as on any table); SELECT … FROM ONLY outbox, what the
+-- extension's own statements read, sees the hot part: pending work, dead letters (kept until an
+-- operator acts on them), DONE messages not yet moved, and those with a dedupe_key (which stay
+-- until purged: the key's unique index is outbox's own).
+--
+-- Deliveries move with their message, so their foreign key to outbox (which would delete them)
+-- goes; the extension's functions delete a message's deliveries with it (outbox_purge).
+ALTER TABLE outbox_delivery DROP CONSTRAINT outbox_delivery_message_id_fkey;
+DO $$
+BEGIN
+    FOR slot IN 0..31 LOOP
+        -- The CHECK lets the planner leave the history out of a reader's query for pending
+        -- messages (constraint_exclusion); it costs the archive one check per statement.
+        EXECUTE pg_catalog.format(
+            'CREATE TABLE @extschema@.%1$I (CONSTRAINT %2$I CHECK (status OPERATOR(pg_catalog.=) ''DONE''::@extschema@.outbox_status))
+                 INHERITS (@extschema@.outbox)', 'outbox_history_' || slot, 'outbox_history_' || slot || '_done');
+        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I (id)', 'outbox_history_' || slot);
+        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I (public_id)', 'outbox_history_' || slot);
+        -- Moved in processed_at order: whether a day holds rows newer than a purge's cutoff.
+        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I USING brin (processed_at)', 'outbox_history_' || slot);
+        EXECUTE pg_catalog.format(
+            'CREATE TABLE @extschema@.%1$I (CONSTRAINT %2$I CHECK (status OPERATOR(pg_catalog.=) ''DONE''::@extschema@.outbox_status))
+                 INHERITS (@extschema@.outbox_delivery)', 'outbox_delivery_history_' || slot, 'outbox_delivery_history_' || slot || '_done');
+        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I (message_id, subscription_id)', 'outbox_delivery_history_' || slot);
+        -- pg_dump keeps their rows (an extension's tables are otherwise dumped empty).
+        PERFORM pg_catalog.pg_extension_config_dump(pg_catalog.format('@extschema@.%I', 'outbox_history_' || slot)::pg_catalog.regclass, '');
+        PERFORM pg_catalog.pg_extension_config_dump(pg_catalog.format('@extschema@.%I', 'outbox_delivery_history_' || slot)::pg_catalog.regclass, '');
+    END LOOP;
+END
+$$;

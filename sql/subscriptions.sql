@@ -131,7 +131,7 @@ BEGIN
     UPDATE @extschema@.outbox_subscription s
        SET enabled = true, disabled_reason = NULL, failing_since = NULL
      WHERE s.id = subscription.id;
-    UPDATE @extschema@.outbox_delivery d
+    UPDATE ONLY @extschema@.outbox_delivery d
        SET available_at = clock_timestamp()
      WHERE d.subscription_id = subscription.id
        AND d.status = 'PENDING'::@extschema@.outbox_status

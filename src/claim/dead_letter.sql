@@ -3,7 +3,7 @@
 -- again. The previous error is kept after the reason. $2 is the claim's clock. Returns their
 -- ordering keys (for src/ordering: a dead letter releases its key).
 WITH dead AS (
-    UPDATE @extschema@.outbox o
+    UPDATE ONLY @extschema@.outbox o
        SET status = 'DEAD'::@extschema@.outbox_status,
            processed_at = $2,
            lease_token = NULL,

@@ -8,7 +8,7 @@
 -- sort a sequential scan). Returns each row whole, its id, its attempts, whether a lease still
 -- names a holder, and its available_at.
 SELECT o, o.id, o.attempts, o.lease_token IS NOT NULL, o.available_at
-  FROM @extschema@.outbox o
+  FROM ONLY @extschema@.outbox o
  WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
    AND o.waiting_for IS NULL
    AND o.available_at OPERATOR(pg_catalog.<=) $1

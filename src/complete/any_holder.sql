@@ -2,7 +2,7 @@
 -- (The consumer that claimed with lease => NULL holds their row locks: nobody else can.)
 -- Returns how many it completed and their ordering keys (for src/ordering).
 WITH done AS (
-    UPDATE @extschema@.outbox o
+    UPDATE ONLY @extschema@.outbox o
        SET status = 'DONE', processed_at = pg_catalog.clock_timestamp()
      WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
        -- (As text: matched against the partial index of ready rows, the plan kept for the

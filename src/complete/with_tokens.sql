@@ -2,7 +2,7 @@
 -- message is completed only while PENDING and only while its token still holds it. Returns how
 -- many it completed and their ordering keys (for src/ordering).
 WITH done AS (
-    UPDATE @extschema@.outbox o
+    UPDATE ONLY @extschema@.outbox o
        SET status = 'DONE', processed_at = pg_catalog.clock_timestamp()
       FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS wanted(id, lease_token)
      WHERE o.id OPERATOR(pg_catalog.=) wanted.id

@@ -3,6 +3,6 @@
 SELECT pg_catalog.jsonb_populate_record(
            NULL::@extschema@.outbox,
            pg_catalog.jsonb_build_object('id', o.id, 'public_id', o.public_id, 'topic', o.topic, 'dedupe_key', o.dedupe_key))
-  FROM @extschema@.outbox o
+  FROM ONLY @extschema@.outbox o
  WHERE o.topic OPERATOR(pg_catalog.=) $1
    AND o.dedupe_key OPERATOR(pg_catalog.=) $2

@@ -2,7 +2,7 @@
 -- $4 characters). The message is DEAD: evidence for the operator, never claimed again. Returns
 -- its ordering key, if any, in an array (for src/ordering: a dead letter releases its key).
 WITH dead AS (
-    UPDATE @extschema@.outbox o
+    UPDATE ONLY @extschema@.outbox o
        SET attempts = $2,
            status = 'DEAD'::@extschema@.outbox_status,
            processed_at = pg_catalog.clock_timestamp(),

@@ -4,7 +4,7 @@
 -- transaction's snapshot fails this with a serialization failure (40001) instead of queuing the
 -- message behind a head that is gone.
 SELECT h.id
-  FROM @extschema@.outbox h
+  FROM ONLY @extschema@.outbox h
  WHERE h.ordering_key OPERATOR(pg_catalog.=) $1
    AND h.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
    AND h.waiting_for IS NULL

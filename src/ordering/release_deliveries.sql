@@ -4,7 +4,7 @@
 -- release_messages.sql is. Returns how many.
 WITH next AS (
     SELECT (SELECT q.message_id
-              FROM @extschema@.outbox_delivery q
+              FROM ONLY @extschema@.outbox_delivery q
              WHERE q.subscription_id OPERATOR(pg_catalog.=) e.subscription_id
                AND q.ordering_key OPERATOR(pg_catalog.=) e.key
                AND q.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
@@ -13,7 +13,7 @@ WITH next AS (
              LIMIT 1) AS message_id,
            e.subscription_id
       FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS e(subscription_id, key)
-     WHERE NOT EXISTS (SELECT FROM @extschema@.outbox_delivery h
+     WHERE NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery h
                         WHERE h.subscription_id OPERATOR(pg_catalog.=) e.subscription_id
                           AND h.ordering_key OPERATOR(pg_catalog.=) e.key
                           AND h.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
@@ -21,7 +21,7 @@ WITH next AS (
 ), released AS (
     -- Ready from now on, as in release_messages.sql (the worker's claims, too, read from where
     -- they last found the endpoint's head: src/claim/head.rs).
-    UPDATE @extschema@.outbox_delivery d
+    UPDATE ONLY @extschema@.outbox_delivery d
        SET waiting_for = NULL,
            available_at = GREATEST(d.available_at, pg_catalog.clock_timestamp())
       FROM next

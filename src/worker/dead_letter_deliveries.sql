@@ -2,7 +2,7 @@
 -- decided; $3: why, one reason each): DEAD, keeping the previous error after the reason.
 -- Returns the endpoints and ordering keys of those with a key (for src/ordering).
 WITH dead AS (
-    UPDATE @extschema@.outbox_delivery d
+    UPDATE ONLY @extschema@.outbox_delivery d
        SET status = 'DEAD'::@extschema@.outbox_status,
            processed_at = pg_catalog.clock_timestamp(),
            leased = false,

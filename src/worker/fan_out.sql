@@ -9,7 +9,7 @@
 -- the ordering keys released (for src/ordering), and the oldest picked up's available_at.
 WITH ready AS (
     SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key, o.available_at
-      FROM @extschema@.outbox o
+      FROM ONLY @extschema@.outbox o
      WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
        AND o.waiting_for IS NULL
        AND o.available_at OPERATOR(pg_catalog.<=) $1
@@ -26,7 +26,7 @@ WITH ready AS (
            -- EXISTS, the plan could read every PENDING delivery instead, at every pick-up.)
            CASE WHEN r.ordering_key IS NOT NULL
                  AND (SELECT true
-                        FROM @extschema@.outbox_delivery p
+                        FROM ONLY @extschema@.outbox_delivery p
                        WHERE p.subscription_id OPERATOR(pg_catalog.=) s.id
                          AND p.ordering_key OPERATOR(pg_catalog.=) r.ordering_key
                          AND p.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
@@ -41,7 +41,7 @@ WITH ready AS (
 ), waiting AS (
     -- (The ids as an array: joined to the CTE, the plan kept for the session, which cannot know
     -- how many rows LIMIT $3 lets through, hashed the whole table.)
-    UPDATE @extschema@.outbox o
+    UPDATE ONLY @extschema@.outbox o
        SET waiting_for = 'deliveries'::@extschema@.outbox_wait, lease_token = NULL
      WHERE o.id OPERATOR(pg_catalog.=) ANY (ARRAY(
                SELECT r.id
@@ -49,7 +49,7 @@ WITH ready AS (
                 WHERE EXISTS (SELECT FROM made m WHERE m.message_id OPERATOR(pg_catalog.=) r.id)
                    -- (A requeued message's deliveries, by outbox_delivery's key: as an EXISTS,
                    -- the plan could read the whole table.)
-                   OR (SELECT true FROM @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) r.id LIMIT 1)))
+                   OR (SELECT true FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) r.id LIMIT 1)))
     RETURNING o.ordering_key
 )
 SELECT (SELECT pg_catalog.count(*) FROM ready),

@@ -2,7 +2,7 @@
 -- endpoint was disabled or went away, the worker is stopping, or the lease would have run out
 -- before the request ended. Due again now, and the attempt they were leased for is not counted.
 -- Only while still leased: a lease that ran out may have been taken again.
-UPDATE @extschema@.outbox_delivery d
+UPDATE ONLY @extschema@.outbox_delivery d
    SET leased = false,
        available_at = pg_catalog.clock_timestamp(),
        attempts = d.attempts OPERATOR(pg_catalog.-) 1

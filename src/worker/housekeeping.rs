@@ -1,5 +1,6 @@
-//! Housekeeping between deliveries: DONE messages (and the attempt log) older than
-//! `outbox.retention` purged in short transactions, and a warning, at most once a minute per
+//! Housekeeping between deliveries: DONE messages moved out of the table the claims read into
+//! their day's history (every second), what is older than `outbox.retention` purged, both in
+//! short transactions, and a warning, at most once a minute per
 //! topic, for topics with pending messages nobody subscribes to (they stay pending: a producer
 //! deployed ahead of its consumer is not data loss).
 
@@ -11,9 +12,16 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+static ARCHIVE: Statement = Statement::new(include_str!("archive.sql"), &[INT4OID]);
 static PURGE: Statement = Statement::new(include_str!("purge.sql"), &[INTERVALOID, INT4OID]);
 static UNSUBSCRIBED_TOPICS: Statement = Statement::new(include_str!("unsubscribed_topics.sql"), &[TEXTARRAYOID]);
 
+/// How often, at most, the worker moves DONE messages to the history ...
+const ARCHIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// ... in transactions of at most this many messages ...
+const ARCHIVE_BATCH_ROWS: i32 = 5_000;
+/// ... and at most this many of them per pass.
+const ARCHIVE_BATCHES_PER_PASS: usize = 10;
 /// How often, at most, the worker purges ...
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// ... in transactions of at most this many rows ...
@@ -27,12 +35,29 @@ const UNSUBSCRIBED_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 pub struct Housekeeping {
+    last_archive: Option<Instant>,
     last_purge: Option<Instant>,
     last_unsubscribed_check: Option<Instant>,
     warned_about_topic: HashMap<String, Instant>,
 }
 
 impl Housekeeping {
+    /// Moves DONE messages to the history, at most once a second, in transactions of bounded
+    /// size; stops early when `stop` says so.
+    pub fn archive_if_due(&mut self, schema: pg_sys::Oid, stop: impl Fn() -> bool) {
+        if self.last_archive.is_some_and(|at| at.elapsed() < ARCHIVE_INTERVAL) {
+            return;
+        }
+        self.last_archive = Some(Instant::now());
+        run_in_batches("moving DONE messages to the history", ARCHIVE_BATCHES_PER_PASS, ARCHIVE_BATCH_ROWS, stop, || {
+            let mut spi = Spi::connect();
+            let rows = spi.execute(&ARCHIVE, schema, &[ARCHIVE_BATCH_ROWS.into_datum()]);
+            let archived: i64 = rows.get(0, 1).unwrap_or(0);
+            spi.finish();
+            archived
+        });
+    }
+
     /// Purges what is older than `retention`, at most once a minute (or once per retention,
     /// when it is shorter), in transactions of bounded size; stops early when `stop` says so.
     pub fn purge_if_due(&mut self, schema: pg_sys::Oid, retention: Option<Duration>, stop: impl Fn() -> bool) {
@@ -43,28 +68,13 @@ impl Housekeeping {
         }
         self.last_purge = Some(Instant::now());
         let older_than = interval::from_duration(retention);
-        let mut purged_total = 0;
-        for _ in 0..PURGE_BATCHES_PER_PASS {
-            let purged = session::transaction(|| {
-                let mut spi = Spi::connect();
-                let rows = spi.execute(&PURGE, schema, &[older_than.into_datum(), PURGE_BATCH_ROWS.into_datum()]);
-                let purged: i64 = rows.get(0, 1).unwrap_or(0);
-                spi.finish();
-                purged
-            });
-            match purged {
-                Ok(purged) => {
-                    purged_total += purged;
-                    if purged < i64::from(PURGE_BATCH_ROWS) || stop() {
-                        break;
-                    }
-                }
-                Err(failure) => {
-                    pgrx::warning!("outbox_ext: purging DONE messages failed: {failure}");
-                    break;
-                }
-            }
-        }
+        let purged_total = run_in_batches("purging DONE messages", PURGE_BATCHES_PER_PASS, PURGE_BATCH_ROWS, stop, || {
+            let mut spi = Spi::connect();
+            let rows = spi.execute(&PURGE, schema, &[older_than.into_datum(), PURGE_BATCH_ROWS.into_datum()]);
+            let purged: i64 = rows.get(0, 1).unwrap_or(0);
+            spi.finish();
+            purged
+        });
         if purged_total > 0 {
             pgrx::log!("outbox_ext: purged {purged_total} DONE message(s) older than outbox.retention");
         }
@@ -91,4 +101,26 @@ impl Housekeeping {
             self.warned_about_topic.insert(topic, Instant::now());
         }
     }
+}
+
+/// Runs `batch` (which returns how many rows it handled) in its own transaction, again and again
+/// while it handles full batches, at most `batches` times or until `stop` says so; returns the
+/// rows handled. A failure ends the pass with a warning: the next pass tries again.
+fn run_in_batches(what: &str, batches: usize, batch_rows: i32, stop: impl Fn() -> bool, batch: impl Fn() -> i64) -> i64 {
+    let mut total = 0;
+    for _ in 0..batches {
+        match session::transaction(&batch) {
+            Ok(handled) => {
+                total += handled;
+                if handled < i64::from(batch_rows) || stop() {
+                    break;
+                }
+            }
+            Err(failure) => {
+                pgrx::warning!("outbox_ext: {what} failed: {failure}");
+                break;
+            }
+        }
+    }
+    total
 }

@@ -3,7 +3,7 @@
 -- id, attempt, public_id, topic, payload (as JSON text; the worker converts it to UTF-8) and
 -- the message's headers flattened to [name, value, name, value, …].
 WITH leased AS (
-    UPDATE @extschema@.outbox_delivery d
+    UPDATE ONLY @extschema@.outbox_delivery d
        SET attempts = d.attempts OPERATOR(pg_catalog.+) 1,
            available_at = $3 OPERATOR(pg_catalog.+) $4,
            leased = true
@@ -13,4 +13,4 @@ WITH leased AS (
 )
 SELECT l.message_id, l.attempts, m.public_id::pg_catalog.text, m.topic::pg_catalog.text, m.payload::pg_catalog.text,
        ARRAY(SELECT pg_catalog.unnest(ARRAY[h.key, h.value]) FROM pg_catalog.jsonb_each_text(m.headers) h)
-  FROM leased l JOIN @extschema@.outbox m ON m.id OPERATOR(pg_catalog.=) l.message_id
+  FROM leased l JOIN ONLY @extschema@.outbox m ON m.id OPERATOR(pg_catalog.=) l.message_id

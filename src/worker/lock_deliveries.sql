@@ -4,8 +4,8 @@
 -- text (each computed and let go row by row: the worker chooses what fits its memory before it
 -- fetches), and its available_at.
 SELECT d.message_id, d.attempts, pg_catalog.octet_length(m.payload::pg_catalog.text), d.available_at
-  FROM @extschema@.outbox_delivery d
-  JOIN @extschema@.outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
+  FROM ONLY @extschema@.outbox_delivery d
+  JOIN ONLY @extschema@.outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
  WHERE d.subscription_id OPERATOR(pg_catalog.=) $1
    AND d.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
    AND d.waiting_for IS NULL

@@ -2,7 +2,7 @@
 -- counted: an operator's redelivery of one of them either committed before (and is counted) or
 -- waits. (outbox_redeliver locks messages, then deliveries: the worker does too.)
 SELECT o.id
-  FROM @extschema@.outbox o
+  FROM ONLY @extschema@.outbox o
  WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
    -- (As text: matched against the partial index of ready rows, the plan kept for the session
    -- could walk that whole index instead of looking the rows up by id.)

@@ -5,8 +5,8 @@ SELECT o.id,
        pg_catalog.count(*) FILTER (WHERE d.status OPERATOR(pg_catalog.=) 'DEAD'::@extschema@.outbox_status),
        pg_catalog.string_agg(s.url OPERATOR(pg_catalog.||) ': ' OPERATOR(pg_catalog.||) COALESCE(d.last_error, '?'), '; ' ORDER BY s.id)
            FILTER (WHERE d.status OPERATOR(pg_catalog.=) 'DEAD'::@extschema@.outbox_status)
-  FROM @extschema@.outbox o
-  JOIN @extschema@.outbox_delivery d ON d.message_id OPERATOR(pg_catalog.=) o.id
+  FROM ONLY @extschema@.outbox o
+  JOIN ONLY @extschema@.outbox_delivery d ON d.message_id OPERATOR(pg_catalog.=) o.id
   JOIN @extschema@.outbox_subscription s ON s.id OPERATOR(pg_catalog.=) d.subscription_id
  WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
    -- (As text, so that the plan looks the messages up by id: see lock_messages.sql.)

@@ -252,7 +252,9 @@ impl Worker {
                 }
             } else if self.settings.enabled {
                 let slot = self.slot;
-                self.housekeeping.purge_if_due(schema, self.settings.retention, || registry::must_leave_now(slot) || shutdown_requested());
+                let stop = || registry::must_leave_now(slot) || shutdown_requested();
+                self.housekeeping.archive_if_due(schema, stop);
+                self.housekeeping.purge_if_due(schema, self.settings.retention, stop);
             }
             let woken = sleep::wait(Some(self.pool.wake_fd()), self.sleep_time());
             if woken.by_latch {

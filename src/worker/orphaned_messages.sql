@@ -3,10 +3,10 @@
 -- them). Found through outbox_handed_over_idx. Returns each, and whether deliveries (ended
 -- ones) remain.
 SELECT o.id,
-       EXISTS (SELECT FROM @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id)
-  FROM @extschema@.outbox o
+       EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id)
+  FROM ONLY @extschema@.outbox o
  WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
    AND o.waiting_for OPERATOR(pg_catalog.=) 'deliveries'::@extschema@.outbox_wait
-   AND NOT EXISTS (SELECT FROM @extschema@.outbox_delivery d
+   AND NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d
                     WHERE d.message_id OPERATOR(pg_catalog.=) o.id
                       AND d.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status)

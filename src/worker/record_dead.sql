@@ -2,7 +2,7 @@
 -- $4 the error): DEAD, which releases their ordering key at their endpoint. Returns their
 -- messages, and the endpoints and ordering keys of those with a key (for src/ordering).
 WITH dead AS (
-    UPDATE @extschema@.outbox_delivery d
+    UPDATE ONLY @extschema@.outbox_delivery d
        SET status = 'DEAD'::@extschema@.outbox_status,
            processed_at = pg_catalog.clock_timestamp(),
            leased = false,

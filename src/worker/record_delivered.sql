@@ -2,7 +2,7 @@
 -- that attempt still holds them (an operator may have redelivered one meanwhile). Returns their
 -- messages, and the endpoints and ordering keys of those with a key (for src/ordering).
 WITH done AS (
-    UPDATE @extschema@.outbox_delivery d
+    UPDATE ONLY @extschema@.outbox_delivery d
        SET status = 'DONE'::@extschema@.outbox_status,
            processed_at = pg_catalog.clock_timestamp(),
            leased = false

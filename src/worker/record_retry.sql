@@ -1,6 +1,6 @@
 -- Failed deliveries that will be tried again ($1 message, $2 endpoint, $3 the attempt sent,
 -- $4 the wait before the next one, decided by policy.rs, $5 the error): due after the wait.
-UPDATE @extschema@.outbox_delivery d
+UPDATE ONLY @extschema@.outbox_delivery d
    SET available_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) failed.wait,
        leased = false,
        last_error = failed.error

@@ -1,6 +1,6 @@
 -- Messages whose deliveries have all ended ($1 id, $2 the status policy.rs gave them, $3 the
 -- error for a DEAD one): they end too.
-UPDATE @extschema@.outbox o
+UPDATE ONLY @extschema@.outbox o
    SET status = ended.status::@extschema@.outbox_status,
        processed_at = pg_catalog.clock_timestamp(),
        last_error = COALESCE(ended.error, o.last_error)

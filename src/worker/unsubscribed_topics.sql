@@ -2,7 +2,7 @@
 -- at no more than 10,000 pending rows.
 SELECT p.topic::pg_catalog.text, pg_catalog.count(*)
   FROM (SELECT o.topic
-          FROM @extschema@.outbox o
+          FROM ONLY @extschema@.outbox o
          WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
            AND o.waiting_for IS NULL
            AND NOT (o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($1))

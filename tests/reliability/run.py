@@ -81,7 +81,7 @@ def count(cluster, sql, *args):
 
 def reset(cluster, subscribe_url=None):
     with cluster.connect() as conn:
-        conn.execute("TRUNCATE outbox, handled CASCADE")
+        conn.execute("TRUNCATE outbox, outbox_delivery, handled CASCADE")
         conn.execute("DELETE FROM outbox_subscription")
         if subscribe_url:
             conn.execute("SELECT outbox_subscribe('booking.created', %s)", (subscribe_url,))

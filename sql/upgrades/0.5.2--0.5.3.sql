@@ -1,0 +1,6 @@
+-- What changes 0.5.2's objects on the way to 0.5.3 (the rest of the update script comes from
+-- the sources, run again: see scripts/make-upgrade-script.sh).
+--
+-- Nothing here: the history tables are sql/schema.sql's section "new in 0.5.3" (which also
+-- drops the deliveries' foreign key to outbox), and the DONE messages move into them at the end
+-- of the update (0.5.2--0.5.3.after.sql), once outbox_archive exists.

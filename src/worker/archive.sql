@@ -1,0 +1,3 @@
+-- The worker's share of moving DONE messages to their history: outbox_archive, the same
+-- function operators call.
+SELECT @extschema@.outbox_archive($1)

@@ -1,0 +1,137 @@
+"""The history of DONE messages (0.5.3): a minute after a message is DONE, outbox_archive moves
+it, with its deliveries, out of the table the claims and the worker read into the history
+table of its day, where readers of outbox still see it and outbox_purge empties whole days
+(docs/storage.md)."""
+import psycopg
+
+from conftest import enqueue_many
+from support import eventually
+
+
+def completed(conn, count, processed_ago="2 minutes", delivered=False, **enqueue):
+    """count messages enqueued, claimed and completed, processed_ago before now (and, when
+    delivered, each with a delivery, made before the worker may move them)."""
+    ids = [
+        row[0]
+        for row in conn.execute(
+            "SELECT (outbox_enqueue('history.test', jsonb_build_object('n', n), dedupe_key => %s)).id FROM generate_series(1, %s) n",
+            (enqueue.get("dedupe_key"), count),
+        )
+    ]
+    claimed = [row[0] for row in conn.execute("SELECT id FROM outbox_claim(%s, topics => '{history.test}')", (count,))]
+    assert sorted(claimed) == sorted(ids)
+    assert conn.execute("SELECT outbox_complete(%s::bigint[])", (ids,)).fetchone()[0] == count
+    if delivered:
+        with_delivery(conn, ids)
+    conn.execute("UPDATE ONLY outbox SET processed_at = now() - %s::interval WHERE id = ANY (%s)", (processed_ago, ids))
+    return ids
+
+
+def with_delivery(conn, ids, status="DONE"):
+    """A delivery of each message to an endpoint the worker leaves alone (disabled)."""
+    subscription = conn.execute(
+        """INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('history.test', 'http://127.0.0.1:9/', false)
+           ON CONFLICT (topic, url) DO UPDATE SET enabled = false RETURNING id"""
+    ).fetchone()[0]
+    conn.execute(
+        """INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
+           SELECT id, %s, %s, 1, processed_at FROM ONLY outbox WHERE id = ANY (%s)""",
+        (subscription, status, ids),
+    )
+    return subscription
+
+
+def archive(conn):
+    """outbox_archive until nothing due to move is left in outbox (the worker's own archive may
+    hold some rows for a moment: a call skips those)."""
+    due = """SELECT NOT EXISTS (SELECT FROM ONLY outbox WHERE status = 'DONE' AND dedupe_key IS NULL
+                                  AND processed_at < now() - interval '1 minute')"""
+    eventually(lambda: conn.execute("SELECT outbox_archive()") and conn.execute(due).fetchone()[0], what="the archive")
+
+
+def where(conn, table, ids):
+    """{id: the table (outbox or one of its history tables) that holds it}, for the ids."""
+    rows = conn.execute(f"SELECT id, tableoid::regclass::text FROM {table} WHERE id = ANY (%s)", (ids,)).fetchall()
+    assert len(rows) == len({row[0] for row in rows}), f"a message in two places: {rows}"
+    return dict(rows)
+
+
+def history_of_today(conn):
+    return conn.execute("SELECT 'outbox_history_' || outbox_attempt_log_slot(now() - interval '2 minutes')").fetchone()[0]
+
+
+def test_done_messages_move_to_the_history_of_their_day_and_outbox_still_shows_them(db):
+    done = completed(db, 20, delivered=True)
+    subscription = with_delivery(db, [])
+    before = db.execute("SELECT * FROM outbox WHERE id = ANY (%s) ORDER BY id", (done,)).fetchall()
+    just_done = completed(db, 2, processed_ago="0 seconds")
+    kept_by_key = completed(db, 1, dedupe_key="once")
+    pending = enqueue_many(db, 3, topic="history.test")
+
+    archive(db)
+
+    history = history_of_today(db)
+    assert set(where(db, "outbox", done).values()) == {history}
+    assert db.execute("SELECT * FROM outbox WHERE id = ANY (%s) ORDER BY id", (done,)).fetchall() == before, "unchanged"
+    deliveries = db.execute(
+        "SELECT tableoid::regclass::text, count(*) FROM outbox_delivery WHERE subscription_id = %s GROUP BY 1", (subscription,)
+    ).fetchall()
+    assert deliveries == [(history.replace("outbox_", "outbox_delivery_"), 20)], "deliveries go with their message"
+    # What stays where the claims and the worker read: pending work, the last minute's
+    # completions (outbox_stats counts them there), messages holding a dedupe_key.
+    assert set(where(db, "outbox", just_done + kept_by_key + pending).values()) == {"outbox"}
+    assert db.execute("SELECT completed_last_minute FROM outbox_stats() WHERE topic = 'history.test'").fetchone()[0] == 2
+    # The key still holds: a second enqueue records nothing.
+    assert db.execute("SELECT (outbox_enqueue('history.test', '{}', dedupe_key => 'once')).payload").fetchone()[0] is None
+    # A reader's query for pending work leaves the history out (its CHECK constraint).
+    plan = db.execute("EXPLAIN (FORMAT JSON) SELECT * FROM outbox WHERE status = 'PENDING'").fetchone()[0]
+    assert "outbox_history" not in str(plan)
+
+
+def test_purge_empties_a_day_of_history_whole_with_its_deliveries(db):
+    old = completed(db, 30, processed_ago="3 days", delivered=True)
+    archive(db)
+    history = set(where(db, "outbox", old).values())
+    assert len(history) == 1 and history != {"outbox"}
+    [history] = history
+    delivery_history = history.replace("outbox_", "outbox_delivery_")
+    deleted_before = {
+        table: db.execute("SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = %s", (table,)).fetchone()[0]
+        for table in (history, delivery_history)
+    }
+
+    db.execute("SELECT outbox_purge(interval '1 day')")
+
+    assert db.execute("SELECT count(*) FROM outbox WHERE id = ANY (%s)", (old,)).fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM outbox_delivery WHERE message_id = ANY (%s)", (old,)).fetchone()[0] == 0
+    db.execute("SELECT pg_stat_force_next_flush()")
+    for table, before in deleted_before.items():
+        after = db.execute("SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = %s", (table,)).fetchone()[0]
+        assert after == before, f"{table}: rows deleted one by one instead of the day emptied"
+
+
+def test_redeliver_brings_a_message_back_from_the_history(db):
+    [message] = completed(db, 1, delivered=True)
+    subscription = with_delivery(db, [])
+    archive(db)
+    assert where(db, "outbox", [message])[message] != "outbox"
+
+    assert db.execute("SELECT outbox_redeliver(%s, message_ids => %s)", (subscription, [message])).fetchone()[0] == 1
+
+    assert where(db, "outbox", [message]) == {message: "outbox"}
+    assert db.execute("SELECT status, waiting_for FROM outbox WHERE id = %s", (message,)).fetchone() == ("PENDING", "deliveries")
+    rows = db.execute("SELECT tableoid::regclass::text, status FROM outbox_delivery WHERE message_id = %s", (message,)).fetchall()
+    assert rows == [("outbox_delivery", "PENDING")], "one delivery, back where the worker reads, to send again"
+
+
+def test_archive_leaves_alone_what_a_redelivery_is_reading(db):
+    [message] = completed(db, 1, processed_ago="0 seconds", delivered=True)  # (not due to move yet)
+    subscription = with_delivery(db, [])
+    with psycopg.connect(db.info.dsn, autocommit=False) as operator:
+        # outbox_redeliver chose its messages (none here) and holds them until it commits.
+        operator.execute("SELECT outbox_redeliver(%s, since => now() + interval '1 day')", (subscription,))
+        db.execute("UPDATE ONLY outbox SET processed_at = now() - interval '2 minutes' WHERE id = %s", (message,))
+        assert db.execute("SELECT outbox_archive()").fetchone()[0] == 0
+        assert where(db, "outbox", [message]) == {message: "outbox"}
+    archive(db)
+    assert where(db, "outbox", [message])[message] != "outbox"
