@@ -61,6 +61,15 @@ $keep_grants$;
 -- Deliveries move with their message, so their foreign key to outbox (which would delete them)
 -- goes; the extension's functions delete a message's deliveries with it (outbox_purge).
 ALTER TABLE outbox_delivery DROP CONSTRAINT outbox_delivery_message_id_fkey;
+
+-- Finished rows by status and time, in two indexes: those without a dedupe_key, which the
+-- archive seeks (the others stay, and it would otherwise walk past every one of them each
+-- time), and those with one. Each finished row is in exactly one: no write more per message.
+DROP INDEX outbox_processed_idx;
+CREATE INDEX outbox_processed_idx ON outbox (status, processed_at)
+    WHERE status OPERATOR(pg_catalog.<>) 'PENDING'::outbox_status AND dedupe_key IS NULL;
+CREATE INDEX outbox_processed_keyed_idx ON outbox (status, processed_at)
+    WHERE status OPERATOR(pg_catalog.<>) 'PENDING'::outbox_status AND dedupe_key IS NOT NULL;
 DO $$
 BEGIN
     FOR slot IN 0..31 LOOP
@@ -484,10 +493,12 @@ $$;
 -- one of these functions in the extension's schema) is ever chosen over what is meant.
 
 -- The four numbers (and a few more), per topic and in total (the row whose topic is NULL).
--- Reads pending rows through outbox_ready_idx and finished ones through outbox_processed_idx,
--- so it stays cheap with millions of DONE rows. For topics the delivery worker delivers, the
--- deliveries say more: how many are dead (an endpoint gave up on) and the age of the oldest
--- message not yet delivered everywhere (outbox_endpoint_stats() has them per endpoint).
+-- Reads pending rows through outbox_ready_idx and the last minute's completions through
+-- outbox_processed_idx and outbox_processed_keyed_idx, never the DONE history (most of it is
+-- in the history tables anyway: docs/storage.md), so it stays cheap. For topics the delivery
+-- worker delivers, the deliveries say more: how many are dead (an endpoint gave up on) and the
+-- age of the oldest message not yet delivered everywhere (outbox_endpoint_stats() has them per
+-- endpoint).
 CREATE OR REPLACE FUNCTION outbox_stats() RETURNS TABLE (
     topic                       text,
     pending                     bigint,    -- PENDING messages: the depth
@@ -536,10 +547,18 @@ BEGIN
          WHERE o.status = 'DEAD'::@extschema@.outbox_status
          GROUP BY o.topic
         UNION ALL
-        -- (outbox_archive leaves the last minute's completions in outbox.)
+        -- (outbox_archive leaves the last minute's completions in outbox; one query for each
+        -- of outbox_processed_idx and outbox_processed_keyed_idx.)
         SELECT o.topic, NULL, NULL, NULL, NULL, NULL, 0, count(*)
           FROM ONLY @extschema@.outbox o
          WHERE o.status = 'DONE'::@extschema@.outbox_status AND o.processed_at > clock_now - interval '1 minute'
+           AND o.dedupe_key IS NULL
+         GROUP BY o.topic
+        UNION ALL
+        SELECT o.topic, NULL, NULL, NULL, NULL, NULL, 0, count(*)
+          FROM ONLY @extschema@.outbox o
+         WHERE o.status = 'DONE'::@extschema@.outbox_status AND o.processed_at > clock_now - interval '1 minute'
+           AND o.dedupe_key IS NOT NULL
          GROUP BY o.topic
     ), per_topic AS (
         -- (Only a PENDING message's row has a created_at.)
@@ -968,9 +987,20 @@ BEGIN
         WITH gone AS (
             DELETE FROM ONLY @extschema@.outbox o
              WHERE o.ctid = ANY (ARRAY(
-                       SELECT d.ctid FROM ONLY @extschema@.outbox d
-                        WHERE d.status = finished AND d.processed_at < cutoff
-                        ORDER BY d.processed_at
+                       -- The oldest of those without and with a dedupe_key (an index each).
+                       SELECT e.ctid
+                         FROM ((SELECT d.ctid, d.processed_at FROM ONLY @extschema@.outbox d
+                                 WHERE d.status = finished AND d.status <> 'PENDING'::@extschema@.outbox_status
+                                   AND d.dedupe_key IS NULL AND d.processed_at < cutoff
+                                 ORDER BY d.status, d.processed_at
+                                 LIMIT max_rows - purged)
+                               UNION ALL
+                               (SELECT d.ctid, d.processed_at FROM ONLY @extschema@.outbox d
+                                 WHERE d.status = finished AND d.status <> 'PENDING'::@extschema@.outbox_status
+                                   AND d.dedupe_key IS NOT NULL AND d.processed_at < cutoff
+                                 ORDER BY d.status, d.processed_at
+                                 LIMIT max_rows - purged)) e
+                        ORDER BY e.processed_at
                         LIMIT max_rows - purged))
                -- Re-checked on the row actually deleted (a dead letter requeued meanwhile stays).
                AND o.status = finished AND o.processed_at < cutoff

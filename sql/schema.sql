@@ -325,6 +325,15 @@ SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.durati
 -- Deliveries move with their message, so their foreign key to outbox (which would delete them)
 -- goes; the extension's functions delete a message's deliveries with it (outbox_purge).
 ALTER TABLE outbox_delivery DROP CONSTRAINT outbox_delivery_message_id_fkey;
+
+-- Finished rows by status and time, in two indexes: those without a dedupe_key, which the
+-- archive seeks (the others stay, and it would otherwise walk past every one of them each
+-- time), and those with one. Each finished row is in exactly one: no write more per message.
+DROP INDEX outbox_processed_idx;
+CREATE INDEX outbox_processed_idx ON outbox (status, processed_at)
+    WHERE status OPERATOR(pg_catalog.<>) 'PENDING'::outbox_status AND dedupe_key IS NULL;
+CREATE INDEX outbox_processed_keyed_idx ON outbox (status, processed_at)
+    WHERE status OPERATOR(pg_catalog.<>) 'PENDING'::outbox_status AND dedupe_key IS NOT NULL;
 DO $$
 BEGIN
     FOR slot IN 0..31 LOOP

@@ -221,3 +221,36 @@ def test_an_update_with_messages_in_flight_delivers_every_one(database):
                                "WHERE m.payload->>'state' = 'backing off'").fetchone()[0] == 2
     finally:
         receiver.stop()
+
+
+def test_the_update_from_0_5_2_moves_done_messages_and_their_deliveries_to_their_day(database):
+    """0.5.3 keeps DONE messages in the history of their day (docs/storage.md): the update moves
+    0.5.2's there, with their deliveries, and leaves in outbox what stays there."""
+    with fresh_database("outbox_upgrade_history") as old:
+        old.execute("CREATE EXTENSION outbox_ext VERSION '0.5.2'")
+        old.execute(EVERY_STATE)
+        subscription = old.execute("""INSERT INTO outbox_subscription (topic, url, enabled)
+                                      VALUES ('audit.exported', 'https://hooks.example.test/', false) RETURNING id""").fetchone()[0]
+        for days_ago in (0, 2):
+            old.execute("""INSERT INTO outbox (topic, payload, status, attempts, processed_at)
+                           SELECT 'audit.exported', jsonb_build_object('n', g), 'DONE', 1, now() - %s * interval '1 day' - interval '1 hour'
+                             FROM generate_series(1, 5000) g""", (days_ago,))
+        old.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
+                       SELECT id, %s, 'DONE', 1, processed_at FROM outbox WHERE topic = 'audit.exported'""", (subscription,))
+        before = old.execute(STATE).fetchall()
+        deliveries_before = old.execute("SELECT message_id, subscription_id, status, processed_at FROM outbox_delivery ORDER BY 1").fetchall()
+
+        old.execute("ALTER EXTENSION outbox_ext UPDATE")
+
+        assert old.execute(STATE).fetchall() == before
+        assert old.execute("SELECT message_id, subscription_id, status, processed_at FROM outbox_delivery ORDER BY 1").fetchall() \
+            == deliveries_before
+        places = dict(old.execute("""SELECT tableoid::regclass::text, count(*) FROM outbox WHERE topic = 'audit.exported'
+                                      GROUP BY 1""").fetchall())
+        days = old.execute("""SELECT DISTINCT 'outbox_history_' || outbox_attempt_log_slot(processed_at) FROM outbox
+                               WHERE topic = 'audit.exported'""").fetchall()
+        assert places == {day: 5000 for (day,) in days} and len(days) == 2, "each in the history of its day"
+        delivery_places = {row[0] for row in old.execute("SELECT DISTINCT tableoid::regclass::text FROM outbox_delivery")}
+        assert delivery_places == {day.replace("outbox_", "outbox_delivery_") for (day,) in days}
+        # What stays in outbox: pending, dead, the DONE one holding its dedupe_key.
+        assert old.execute("SELECT count(*) FROM ONLY outbox").fetchone()[0] == 6

@@ -293,6 +293,21 @@ SELECT 'done ' || (current_date - (processed_at AT TIME ZONE 'UTC')::date), coun
 """
 
 
+def restart_at_once(cluster):
+    """The server crashes (pg_ctl -m immediate) and starts again."""
+    cluster.pg_ctl("stop", "-m", "immediate")
+    cluster.pg_ctl("start")
+
+
+def back_after(crash, read):
+    """crash(), then the seconds until read() answers again."""
+    crash()
+    began = time.monotonic()
+    time.sleep(1)  # (after a kill -9, the postmaster resets the cluster)
+    wait_until(lambda: read() is not None, timeout=60, what="the server back")
+    return time.monotonic() - began
+
+
 def purge_crashed(cluster, scale):
     """outbox_purge empties a day of the attempt log (TRUNCATE of its partition) and deletes old
     DONE messages. The server crashes while that transaction is open, after the TRUNCATE (pg_ctl
@@ -321,8 +336,7 @@ def purge_crashed(cluster, scale):
             return dict(conn.execute(HISTORY).fetchall())
 
     def restart_immediately():
-        cluster.pg_ctl("stop", "-m", "immediate")
-        cluster.pg_ctl("start")
+        restart_at_once(cluster)
 
     before = history()
     assert before["attempts 3"] == n and before["done 3"] == n, before
@@ -333,11 +347,7 @@ def purge_crashed(cluster, scale):
         return sum(max(count - now.get(key, 0), 0) for key, count in expected.items())
 
     def reconnect_after(crash):
-        crash()
-        began = time.monotonic()
-        time.sleep(1)  # (after a kill -9, the postmaster resets the cluster)
-        wait_until(lambda: history() is not None, timeout=60, what="the server back")
-        return time.monotonic() - began
+        return back_after(crash, history)
 
     lost, resurrected, recovery, checks = 0, 0, 0.0, []
     for crash in (lambda pid: restart_immediately(), lambda pid: os.kill(pid, signal.SIGKILL)):
@@ -369,6 +379,65 @@ def purge_crashed(cluster, scale):
             "messages": sum(before.values()), "lost": lost, "duplicated": resurrected, "recovery_s": recovery,
             "ok": all(checks) and lost == 0 and resurrected == 0,
             "note": "messages: attempt-log rows and DONE messages; duplicated: purged rows back after recovery"}
+
+
+# Where the archive's messages and their deliveries are: how many rows, how many distinct
+# messages (a message in two places counts once), how many still in outbox itself.
+PLACES = """
+SELECT (SELECT count(*) FROM outbox WHERE topic = 'audit.exported'),
+       (SELECT count(DISTINCT id) FROM outbox WHERE topic = 'audit.exported'),
+       (SELECT count(*) FROM outbox_delivery),
+       (SELECT count(DISTINCT message_id) FROM outbox_delivery),
+       (SELECT count(*) FROM ONLY outbox WHERE topic = 'audit.exported')
+"""
+
+
+def archive_crashed(cluster, scale):
+    """outbox_archive moves DONE messages, with their deliveries, out of outbox into the history
+    of their day (DELETE and INSERT in one statement). The server crashes while a move of every
+    one of them is open (pg_ctl -m immediate; kill -9 of its backend), and right after it
+    committed (pg_ctl -m immediate): every message and delivery is in exactly one place."""
+    reset(cluster)
+    n = scale.purge_rows
+    with cluster.connect() as conn:
+        subscription = conn.execute("""INSERT INTO outbox_subscription (topic, url, enabled)
+                                       VALUES ('audit.exported', 'http://127.0.0.1:9/', false) RETURNING id""").fetchone()[0]
+        with conn.transaction():  # (the worker's own archive sees the messages with their deliveries)
+            for ended in ("now() - interval '1 day'", "now() - interval '1 hour'"):
+                conn.execute(f"""INSERT INTO outbox (topic, payload, status, attempts, processed_at)
+                                 SELECT 'audit.exported', '{{}}', 'DONE', 1, {ended} + g * interval '1 ms' FROM generate_series(1, {n // 2}) g""")
+            conn.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
+                            SELECT id, %s, 'DONE', 1, processed_at FROM ONLY outbox WHERE topic = 'audit.exported'""", (subscription,))
+
+    def places():
+        with cluster.connect() as conn:
+            return conn.execute(PLACES).fetchone()
+
+    def whole(now):
+        rows, messages, deliveries, delivered, _ = now
+        return rows == messages == deliveries == delivered == n
+
+    recovery, checks, moved_at_crash = 0.0, [], []
+    for crash in (lambda pid: restart_at_once(cluster), lambda pid: os.kill(pid, signal.SIGKILL)):
+        archiver = psycopg.connect(host="127.0.0.1", port=cluster.port, user="postgres", dbname=DATABASE)
+        moved_at_crash.append(archiver.execute("SELECT outbox_archive(1000000)").fetchone()[0])
+        # The moment: nothing left in outbox as this transaction sees it, not committed.
+        emptied = archiver.execute("SELECT NOT EXISTS (SELECT FROM ONLY outbox WHERE topic = 'audit.exported')").fetchone()[0]
+        pid = archiver.info.backend_pid
+        recovery = max(recovery, back_after(lambda: crash(pid), places))
+        archiver.close()
+        checks.append(emptied and whole(places()))
+    with cluster.connect() as conn:
+        wait_until(lambda: conn.execute("SELECT outbox_archive(1000000)") and places()[4] == 0, timeout=60, what="the archive")
+    recovery = max(recovery, back_after(lambda: restart_at_once(cluster), places))
+    now = places()
+    checks.append(whole(now) and now[4] == 0)
+    rows, messages, deliveries, delivered, _ = now
+    reset(cluster)
+    return {"scenario": "server crash during outbox_archive (a move open: pg_ctl -m immediate, kill -9; committed: pg_ctl -m immediate)",
+            "messages": n, "lost": n - min(messages, delivered), "duplicated": (rows - messages) + (deliveries - delivered),
+            "recovery_s": recovery, "ok": all(checks) and min(moved_at_crash) > 0,
+            "note": f"messages: DONE ones with a delivery each; moved by the open transaction: {min(moved_at_crash)} or more"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -571,7 +640,7 @@ def main():
     parser.add_argument("--short", action="store_true")
     parser.add_argument("--port", type=int, default=25380)
     parser.add_argument("--output", type=pathlib.Path)
-    parser.add_argument("--only", nargs="*", help="run only these (hostile consumers worker server purge receiver locked million soak)")
+    parser.add_argument("--only", nargs="*", help="run only these (hostile consumers worker server purge archive receiver locked million soak)")
     args = parser.parse_args()
     scale = Scale(args.short)
     cluster = Cluster(args.port)
@@ -584,6 +653,7 @@ def main():
         ("worker", lambda: worker_killed(cluster, scale, receiver)),
         ("server", lambda: server_crashed(cluster, scale, receiver)),
         ("purge", lambda: purge_crashed(cluster, scale)),
+        ("archive", lambda: archive_crashed(cluster, scale)),
         ("receiver", lambda: receiver_faults(cluster, scale, receiver)),
         ("locked", lambda: table_locked(cluster, scale, receiver)),
         ("million", lambda: million_exactly_once(cluster, scale)),
