@@ -883,9 +883,9 @@ COMMENT ON FUNCTION outbox_discard_all() IS 'Deletes every DEAD message; returns
 -- archive: move DONE messages, with their deliveries, out of the table the claims and the
 -- worker read, a minute after they ended, into the history table of the day they were
 -- processed (sql/schema.sql, docs/storage.md), at most max_rows of them, oldest first;
--- returns how many. The delivery
--- worker calls it every second; outbox_purge calls it too, for databases without a worker.
--- Messages with a dedupe_key stay (their key is unique in outbox only) until purged.
+-- returns how many. The delivery worker calls it every second; outbox_purge calls it too, for
+-- databases without a worker. Messages with a dedupe_key stay (their key is unique in outbox
+-- only) until purged.
 CREATE OR REPLACE FUNCTION outbox_archive(max_rows integer DEFAULT 10000) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
