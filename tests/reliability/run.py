@@ -396,13 +396,24 @@ def archive_crashed(cluster, scale):
     """outbox_archive moves DONE messages, with their deliveries, out of outbox into the history
     of their day (DELETE and INSERT in one statement). The server crashes while a move of every
     one of them is open (pg_ctl -m immediate; kill -9 of its backend), and right after it
-    committed (pg_ctl -m immediate): every message and delivery is in exactly one place."""
+    committed (pg_ctl -m immediate): every message and delivery is in exactly one place. The
+    worker is off meanwhile: its own moves would leave the scenario's transaction nothing to
+    move (they did in a short run)."""
     reset(cluster)
+    cluster.configure(**{"outbox.worker_enabled": "off"})
+    try:
+        return archive_crashed_without_worker(cluster, scale)
+    finally:
+        cluster.configure(**{"outbox.worker_enabled": "on"})
+
+
+def archive_crashed_without_worker(cluster, scale):
+    time.sleep(1)  # (the worker applies a reload at its next poll)
     n = scale.purge_rows
     with cluster.connect() as conn:
         subscription = conn.execute("""INSERT INTO outbox_subscription (topic, url, enabled)
                                        VALUES ('audit.exported', 'http://127.0.0.1:9/', false) RETURNING id""").fetchone()[0]
-        with conn.transaction():  # (the worker's own archive sees the messages with their deliveries)
+        with conn.transaction():
             for ended in ("now() - interval '1 day'", "now() - interval '1 hour'"):
                 conn.execute(f"""INSERT INTO outbox (topic, payload, status, attempts, processed_at)
                                  SELECT 'audit.exported', '{{}}', 'DONE', 1, {ended} + g * interval '1 ms' FROM generate_series(1, {n // 2}) g""")
