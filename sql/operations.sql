@@ -651,11 +651,11 @@ BEGIN
     INSERT INTO @extschema@.outbox SELECT * FROM archived;
 
     WITH chosen AS (
+        -- (Locked above, or inserted just now by this transaction.)
         SELECT o.id, o.ordering_key
           FROM ONLY @extschema@.outbox o
          WHERE o.id = ANY (chosen_ids)
          ORDER BY o.id
-           FOR UPDATE
     ), deliveries AS (
         -- With an ordering key, a replayed delivery queues behind the key's (released below).
         INSERT INTO @extschema@.outbox_delivery AS d (message_id, subscription_id, ordering_key, waiting_for)

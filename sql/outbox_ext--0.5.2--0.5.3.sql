@@ -59,7 +59,8 @@ $keep_grants$;
 -- until purged: the key's unique index is outbox's own).
 --
 -- Deliveries move with their message, so their foreign key to outbox (which would delete them)
--- goes; the extension's functions delete a message's deliveries with it (outbox_purge).
+-- goes; the extension's functions delete a message's deliveries with it (outbox_purge,
+-- outbox_discard).
 ALTER TABLE outbox_delivery DROP CONSTRAINT outbox_delivery_message_id_fkey;
 
 -- Finished rows by status and time, in two indexes: those without a dedupe_key, which the
@@ -1138,11 +1139,11 @@ BEGIN
     INSERT INTO @extschema@.outbox SELECT * FROM archived;
 
     WITH chosen AS (
+        -- (Locked above, or inserted just now by this transaction.)
         SELECT o.id, o.ordering_key
           FROM ONLY @extschema@.outbox o
          WHERE o.id = ANY (chosen_ids)
          ORDER BY o.id
-           FOR UPDATE
     ), deliveries AS (
         -- With an ordering key, a replayed delivery queues behind the key's (released below).
         INSERT INTO @extschema@.outbox_delivery AS d (message_id, subscription_id, ordering_key, waiting_for)

@@ -323,7 +323,8 @@ SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.durati
 -- until purged: the key's unique index is outbox's own).
 --
 -- Deliveries move with their message, so their foreign key to outbox (which would delete them)
--- goes; the extension's functions delete a message's deliveries with it (outbox_purge).
+-- goes; the extension's functions delete a message's deliveries with it (outbox_purge,
+-- outbox_discard).
 ALTER TABLE outbox_delivery DROP CONSTRAINT outbox_delivery_message_id_fkey;
 
 -- Finished rows by status and time, in two indexes: those without a dedupe_key, which the

@@ -49,13 +49,8 @@ impl Housekeeping {
             return;
         }
         self.last_archive = Some(Instant::now());
-        run_in_batches("moving DONE messages to the history", ARCHIVE_BATCHES_PER_PASS, ARCHIVE_BATCH_ROWS, stop, || {
-            let mut spi = Spi::connect();
-            let rows = spi.execute(&ARCHIVE, schema, &[ARCHIVE_BATCH_ROWS.into_datum()]);
-            let archived: i64 = rows.get(0, 1).unwrap_or(0);
-            spi.finish();
-            archived
-        });
+        let batches = Batches { what: "moving DONE messages to the history", count: ARCHIVE_BATCHES_PER_PASS, rows: ARCHIVE_BATCH_ROWS };
+        batches.run(&ARCHIVE, schema, Vec::new, stop);
     }
 
     /// Purges what is older than `retention`, at most once a minute (or once per retention,
@@ -68,13 +63,8 @@ impl Housekeeping {
         }
         self.last_purge = Some(Instant::now());
         let older_than = interval::from_duration(retention);
-        let purged_total = run_in_batches("purging DONE messages", PURGE_BATCHES_PER_PASS, PURGE_BATCH_ROWS, stop, || {
-            let mut spi = Spi::connect();
-            let rows = spi.execute(&PURGE, schema, &[older_than.into_datum(), PURGE_BATCH_ROWS.into_datum()]);
-            let purged: i64 = rows.get(0, 1).unwrap_or(0);
-            spi.finish();
-            purged
-        });
+        let batches = Batches { what: "purging DONE messages", count: PURGE_BATCHES_PER_PASS, rows: PURGE_BATCH_ROWS };
+        let purged_total = batches.run(&PURGE, schema, || vec![older_than.into_datum()], stop);
         if purged_total > 0 {
             pgrx::log!("outbox_ext: purged {purged_total} DONE message(s) older than outbox.retention");
         }
@@ -103,24 +93,49 @@ impl Housekeeping {
     }
 }
 
-/// Runs `batch` (which returns how many rows it handled) in its own transaction, again and again
-/// while it handles full batches, at most `batches` times or until `stop` says so; returns the
-/// rows handled. A failure ends the pass with a warning: the next pass tries again.
-fn run_in_batches(what: &str, batches: usize, batch_rows: i32, stop: impl Fn() -> bool, batch: impl Fn() -> i64) -> i64 {
-    let mut total = 0;
-    for _ in 0..batches {
-        match session::transaction(&batch) {
-            Ok(handled) => {
-                total += handled;
-                if handled < i64::from(batch_rows) || stop() {
+/// A pass of housekeeping in batches: a statement whose last parameter is the most rows it may
+/// handle and whose result is how many it did, run in transactions of its own while it handles
+/// full batches, at most `count` times.
+struct Batches {
+    what: &'static str,
+    count: usize,
+    rows: i32,
+}
+
+impl Batches {
+    /// Runs `statement` with the `leading` arguments and the batch size, until a batch is not
+    /// full, `count` ran, or `stop` says so; returns the rows handled. A failure ends the pass
+    /// with a warning: the next pass tries again.
+    fn run(
+        &self,
+        statement: &'static Statement,
+        schema: pg_sys::Oid,
+        leading: impl Fn() -> Vec<Option<pg_sys::Datum>>,
+        stop: impl Fn() -> bool,
+    ) -> i64 {
+        let mut total = 0;
+        for _ in 0..self.count {
+            let batch = session::transaction(|| {
+                let mut arguments = leading();
+                arguments.push(self.rows.into_datum());
+                let mut spi = Spi::connect();
+                let handled: i64 = spi.execute(statement, schema, &arguments).get(0, 1).unwrap_or(0);
+                spi.finish();
+                handled
+            });
+            match batch {
+                Ok(handled) => {
+                    total += handled;
+                    if handled < i64::from(self.rows) || stop() {
+                        break;
+                    }
+                }
+                Err(failure) => {
+                    pgrx::warning!("outbox_ext: {} failed: {failure}", self.what);
                     break;
                 }
             }
-            Err(failure) => {
-                pgrx::warning!("outbox_ext: {what} failed: {failure}");
-                break;
-            }
         }
+        total
     }
-    total
 }
