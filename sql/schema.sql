@@ -309,7 +309,7 @@ SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.durati
   FROM outbox_delivery_attempt a
   LEFT JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) a.subscription_id;
 
--- ======== new in 0.5.3 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.3 ========
 
 -- The history of DONE messages leaves the table the claims and the worker read (docs/storage.md).
 -- outbox_archive (the delivery worker calls it every second) moves each DONE message, with its
@@ -354,6 +354,22 @@ BEGIN
         -- pg_dump keeps their rows (an extension's tables are otherwise dumped empty).
         PERFORM pg_catalog.pg_extension_config_dump(pg_catalog.format('@extschema@.%I', 'outbox_history_' || slot)::pg_catalog.regclass, '');
         PERFORM pg_catalog.pg_extension_config_dump(pg_catalog.format('@extschema@.%I', 'outbox_delivery_history_' || slot)::pg_catalog.regclass, '');
+    END LOOP;
+END
+$$;
+
+-- ======== new in 0.5.4 (scripts/make-upgrade-script.sh copies from here to the end) ========
+
+-- outbox_complete writes most DONE messages into the history of their day at once
+-- (src/complete), so outbox_stats() finds the last minute's completions there: by a B-tree on
+-- processed_at (a BRIN index leaves the ranges being filled unsummarized, and reads them whole).
+-- It also finds, for outbox_purge, whether a day holds rows newer than its cutoff.
+DO $$
+BEGIN
+    FOR slot IN 0..31 LOOP
+        EXECUTE pg_catalog.format('DROP INDEX @extschema@.%I', 'outbox_history_' || slot || '_processed_at_idx');
+        EXECUTE pg_catalog.format('CREATE INDEX %I ON @extschema@.%I (processed_at)',
+                                  'outbox_history_' || slot || '_processed_at_idx', 'outbox_history_' || slot);
     END LOOP;
 END
 $$;

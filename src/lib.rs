@@ -23,6 +23,7 @@ mod enqueue;
 mod error;
 mod fail;
 mod fmgr;
+mod history;
 mod interval;
 mod ordering;
 mod pg_tests;

@@ -28,6 +28,34 @@ mod tests {
     }
 
     #[pg_test]
+    fn the_history_day_of_complete_is_the_one_of_outbox_attempt_log_slot() {
+        // Around midnights, the epochs, and days before 1970 and far ahead.
+        let timestamps: Vec<(i64, i32)> = Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT (extract(epoch FROM t - timestamptz '2000-01-01 00:00:00+00') * 1000000)::int8,
+                            outbox_attempt_log_slot(t)
+                       FROM (SELECT timestamptz '1969-12-30 00:00:00+00' + n * interval '11 hours 59 minutes 59.999999 seconds' AS t
+                               FROM generate_series(0, 200) n
+                             UNION ALL
+                             SELECT d + offs FROM generate_series(timestamptz '1999-12-31 00:00:00+00', '2000-01-02', '1 day') d,
+                                    unnest(ARRAY[interval '0', '-1 microsecond', '1 microsecond']) offs
+                             UNION ALL
+                             SELECT clock_timestamp() + n * interval '1 day' FROM generate_series(-40, 40) n) ts",
+                    None,
+                    &[],
+                )
+                .expect("select")
+                .map(|row| (row.get::<i64>(1).unwrap().unwrap(), row.get::<i32>(2).unwrap().unwrap()))
+                .collect()
+        });
+        assert!(timestamps.len() > 280);
+        for (timestamp, slot) in timestamps {
+            assert_eq!(crate::history::day_slot(timestamp) as i32, slot, "at {timestamp}");
+        }
+    }
+
+    #[pg_test]
     fn enqueue_returns_a_pending_row_with_a_v7_public_id() {
         let id: i64 = one("SELECT (outbox_enqueue('booking.created', '{\"bookingId\": 7}')).id");
         assert_eq!(one::<String>(&format!("SELECT status::text FROM outbox WHERE id = {id}")), "PENDING");

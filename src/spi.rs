@@ -16,8 +16,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 
-/// A statement of the extension: its text (with `@extschema@` for the extension's schema) and
-/// the types of its parameters `$1, $2, …`.
+/// A statement of the extension: its text (with `@extschema@` for the extension's schema, and
+/// `@day@` for the day slot of a history table when run by [`Spi::execute_in_day`]) and the types
+/// of its parameters `$1, $2, …`.
 pub struct Statement {
     pub sql: &'static str,
     pub parameter_types: &'static [pg_sys::BuiltinOid],
@@ -31,8 +32,14 @@ impl Statement {
 
 thread_local! {
     // A backend runs one thread that calls into PostgreSQL: this is per session. Keyed by the
-    // statement's address and the schema's oid.
-    static KEPT_PLANS: RefCell<HashMap<(usize, pg_sys::Oid), KeptPlan>> = RefCell::new(HashMap::new());
+    // statement's address, the schema's oid and the day slot it was made for (if any).
+    static KEPT_PLANS: RefCell<HashMap<PlanKey, KeptPlan>> = RefCell::new(HashMap::new());
+}
+
+type PlanKey = (usize, pg_sys::Oid, Option<u8>);
+
+fn plan_key(statement: &'static Statement, schema: pg_sys::Oid, day: Option<u8>) -> PlanKey {
+    (statement as *const Statement as usize, schema, day)
 }
 
 /// A kept plan is made again after this long. PostgreSQL plans it again by itself when what
@@ -54,8 +61,8 @@ struct KeptPlan {
 }
 
 impl KeptPlan {
-    fn for_statement(statement: &'static Statement, schema: pg_sys::Oid) -> KeptPlan {
-        let key = (statement as *const Statement as usize, schema);
+    fn for_statement(statement: &'static Statement, schema: pg_sys::Oid, day: Option<u8>) -> KeptPlan {
+        let key = plan_key(statement, schema, day);
         match KEPT_PLANS.with_borrow(|plans| plans.get(&key).copied()) {
             Some(kept) if kept.made.elapsed() < PLAN_LIFETIME => return kept,
             // SAFETY: a plan this session kept and no longer uses (no statement is running).
@@ -64,14 +71,14 @@ impl KeptPlan {
             },
             None => {}
         }
-        let kept = KeptPlan::prepare(statement, schema);
+        let kept = KeptPlan::prepare(statement, schema, day);
         KEPT_PLANS.with_borrow_mut(|plans| plans.insert(key, kept));
         kept
     }
 
     /// Plans `statement` again at its next run.
-    fn retire(statement: &'static Statement, schema: pg_sys::Oid) {
-        let key = (statement as *const Statement as usize, schema);
+    fn retire(statement: &'static Statement, schema: pg_sys::Oid, day: Option<u8>) {
+        let key = plan_key(statement, schema, day);
         KEPT_PLANS.with_borrow_mut(|plans| {
             if let Some(kept) = plans.get_mut(&key) {
                 kept.made -= PLAN_LIFETIME;
@@ -79,12 +86,15 @@ impl KeptPlan {
         });
     }
 
-    fn prepare(statement: &Statement, schema: pg_sys::Oid) -> KeptPlan {
-        let sql = if statement.sql.contains("@extschema@") {
+    fn prepare(statement: &Statement, schema: pg_sys::Oid, day: Option<u8>) -> KeptPlan {
+        let mut sql = if statement.sql.contains("@extschema@") {
             statement.sql.replace("@extschema@", &quoted_schema_name(schema))
         } else {
             statement.sql.to_string()
         };
+        if let Some(day) = day {
+            sql = sql.replace("@day@", &day.to_string());
+        }
         let sql = CString::new(sql).expect("no NUL in the extension's statements");
         let mut types: Vec<pg_sys::Oid> = statement.parameter_types.iter().map(|t| t.value()).collect();
         // SAFETY: called while connected to SPI (from Spi::execute); the query and the types
@@ -175,7 +185,19 @@ impl Spi {
     /// Runs `statement` (in the extension's `schema`) with `arguments` (`None`: NULL); the
     /// returned rows are those it returned (or how many it changed, for `len`).
     pub fn execute(&mut self, statement: &'static Statement, schema: pg_sys::Oid, arguments: &[Option<pg_sys::Datum>]) -> Rows<'_> {
-        self.run(statement, schema, arguments, false)
+        self.run(statement, schema, None, arguments, false)
+    }
+
+    /// Runs `statement` as [`Spi::execute`] does, with `@day@` in its text standing for `day`,
+    /// the slot of a history table (crate::history): a plan is kept for each slot it runs in.
+    pub fn execute_in_day(
+        &mut self,
+        statement: &'static Statement,
+        schema: pg_sys::Oid,
+        day: u8,
+        arguments: &[Option<pg_sys::Datum>],
+    ) -> Rows<'_> {
+        self.run(statement, schema, Some(day), arguments, false)
     }
 
     /// Runs `statement` as [`Spi::execute`] does, but over every row committed before it starts
@@ -188,18 +210,19 @@ impl Spi {
         schema: pg_sys::Oid,
         arguments: &[Option<pg_sys::Datum>],
     ) -> Rows<'_> {
-        self.run(statement, schema, arguments, true)
+        self.run(statement, schema, None, arguments, true)
     }
 
     fn run(
         &mut self,
         statement: &'static Statement,
         schema: pg_sys::Oid,
+        day: Option<u8>,
         arguments: &[Option<pg_sys::Datum>],
         latest_commits: bool,
     ) -> Rows<'_> {
         assert_eq!(arguments.len(), statement.parameter_types.len(), "arguments for {}", statement.sql);
-        let plan = KeptPlan::for_statement(statement, schema);
+        let plan = KeptPlan::for_statement(statement, schema, day);
         let started = std::time::Instant::now();
         let values: Vec<pg_sys::Datum> = arguments.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0))).collect();
         let nulls: Vec<std::ffi::c_char> = arguments.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
@@ -218,7 +241,7 @@ impl Spi {
                 raise(OutboxError::Internal(format!("running a statement failed (SPI result {result})")));
             }
             if started.elapsed() > SLOW_RUN && plan.made.elapsed() > SLOW_PLAN_MIN_AGE {
-                KeptPlan::retire(statement, schema);
+                KeptPlan::retire(statement, schema, day);
             }
             Rows { count: pg_sys::SPI_processed as usize, _spi: self }
         }

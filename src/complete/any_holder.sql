@@ -1,14 +1,37 @@
--- outbox_complete without lease tokens: $1 ids, completed while PENDING, whoever holds them.
--- (The consumer that claimed with lease => NULL holds their row locks: nobody else can.)
--- Returns how many it completed and their ordering keys (for src/ordering).
-WITH done AS (
-    UPDATE ONLY @extschema@.outbox o
-       SET status = 'DONE', processed_at = pg_catalog.clock_timestamp()
+-- outbox_complete without lease tokens: $1 ids, completed while PENDING, whoever holds them;
+-- $2 the completion time. (The consumer that claimed with lease => NULL holds their row locks:
+-- nobody else can.) Each leaves outbox at once for the history of its day, as in
+-- with_tokens.sql, or becomes DONE in place. Returns how many it completed and their ordering
+-- keys (for src/ordering).
+WITH moved AS (
+    DELETE FROM ONLY @extschema@.outbox o
      WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
        -- (As text: matched against the partial index of ready rows, the plan kept for the
        -- session could walk that whole index instead of looking the rows up by id.)
        AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
+       AND o.dedupe_key IS NULL AND o.waiting_for IS NULL
+       AND NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id)
+    RETURNING o.*
+), archived AS (
+    INSERT INTO @extschema@.outbox_history_@day@
+           (id, public_id, topic, payload, status, attempts, available_at, processed_at, last_error, created_at,
+            dedupe_key, lease_token, ordering_key, waiting_for, headers)
+    SELECT m.id, m.public_id, m.topic, m.payload, 'DONE', m.attempts, m.available_at, $2, m.last_error, m.created_at,
+           m.dedupe_key, m.lease_token, m.ordering_key, m.waiting_for, m.headers
+      FROM moved m
+    RETURNING ordering_key
+), done_in_place AS (
+    UPDATE ONLY @extschema@.outbox o
+       SET status = 'DONE', processed_at = $2
+     WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
+       AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
+       AND (o.dedupe_key IS NOT NULL OR o.waiting_for IS NOT NULL
+            OR EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id))
     RETURNING o.ordering_key
+), done AS (
+    SELECT a.ordering_key FROM archived a
+    UNION ALL
+    SELECT p.ordering_key FROM done_in_place p
 )
 SELECT pg_catalog.count(*), pg_catalog.array_agg(DISTINCT d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL)
   FROM done d

@@ -1,6 +1,9 @@
 //! Complete: the message was handled; it becomes DONE. With lease tokens, only while the token
 //! still holds the message (a consumer whose lease ran out and was re-claimed changes nothing);
 //! without, whoever holds it (a claim without lease holds its rows' locks: nobody else can).
+//! A DONE message leaves the table the claims read in the same statement, for the history of
+//! its day (src/history.rs), so that it leaves one dead row version there instead of two; those
+//! whose dedupe_key must keep holding, and those with deliveries, stay for outbox_archive.
 //!
 //! `outbox_complete(id, lease_token)` for one message; `outbox_complete_batch(ids, lease_tokens)`
 //! for many. The batch form's old name, `outbox_complete(bigint[], uuid[])`, is kept for one
@@ -9,22 +12,26 @@
 
 use crate::error::{raise, OutboxError};
 use crate::fmgr::{required, sql_function, Args};
-use crate::ordering;
 use crate::spi::{schema_of_function, Spi, Statement};
+use crate::{backend, history, ordering};
 use pgrx::datum::{Array, IntoDatum, Uuid};
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
-static WITH_TOKENS: Statement = Statement::new(include_str!("with_tokens.sql"), &[INT8ARRAYOID, UUIDARRAYOID]);
-static ANY_HOLDER: Statement = Statement::new(include_str!("any_holder.sql"), &[INT8ARRAYOID]);
+static WITH_TOKENS: Statement = Statement::new(include_str!("with_tokens.sql"), &[INT8ARRAYOID, UUIDARRAYOID, TIMESTAMPTZOID]);
+static ANY_HOLDER: Statement = Statement::new(include_str!("any_holder.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID]);
 
 /// Marks the PENDING messages among `ids` DONE (each only while its element of `tokens`, if
 /// any, still holds it), and lets the next message of their ordering keys go; returns how many.
 fn complete(args: &Args, ids: Option<pg_sys::Datum>, tokens: Option<pg_sys::Datum>) -> usize {
     let schema = schema_of_function(args.fcinfo());
+    // One reading of the clock: the messages' processed_at, and the day of the history they go to.
+    let completed_at = backend::now();
+    let day = history::day_slot(completed_at);
+    let completed_at = Some(pg_sys::Datum::from(completed_at));
     let mut spi = Spi::connect();
     let done = match tokens {
-        Some(_) => spi.execute(&WITH_TOKENS, schema, &[ids, tokens]),
-        None => spi.execute(&ANY_HOLDER, schema, &[ids]),
+        Some(_) => spi.execute_in_day(&WITH_TOKENS, schema, day, &[ids, tokens, completed_at]),
+        None => spi.execute_in_day(&ANY_HOLDER, schema, day, &[ids, completed_at]),
     };
     let completed: i64 = done.get(0, 1).unwrap_or(0);
     let keys = done.datum(0, 2);

@@ -1,16 +1,44 @@
--- outbox_complete with lease tokens: $1 ids, $2 their tokens (an element NULL: any holder). A
--- message is completed only while PENDING and only while its token still holds it. Returns how
+-- outbox_complete with lease tokens: $1 ids, $2 their tokens (an element NULL: any holder), $3
+-- the completion time. A message is completed only while PENDING and only while its token still
+-- holds it. It leaves outbox at once for the history of its day, outbox_history_@day@ (day: see
+-- src/history.rs), unless a dedupe_key must keep holding or it has (or is getting) deliveries:
+-- those become DONE in place and outbox_archive moves them later (docs/storage.md). Returns how
 -- many it completed and their ordering keys (for src/ordering).
-WITH done AS (
-    UPDATE ONLY @extschema@.outbox o
-       SET status = 'DONE', processed_at = pg_catalog.clock_timestamp()
-      FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS wanted(id, lease_token)
+WITH wanted AS (
+    SELECT w.id, w.lease_token FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS w(id, lease_token)
+), moved AS (
+    DELETE FROM ONLY @extschema@.outbox o
+     USING wanted
      WHERE o.id OPERATOR(pg_catalog.=) wanted.id
        -- (As text: matched against the partial index of ready rows, the plan kept for the
        -- session could walk that whole index instead of looking the rows up by id.)
        AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
        AND (wanted.lease_token IS NULL OR o.lease_token OPERATOR(pg_catalog.=) wanted.lease_token)
+       AND o.dedupe_key IS NULL AND o.waiting_for IS NULL
+       AND NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id)
+    RETURNING o.*
+), archived AS (
+    INSERT INTO @extschema@.outbox_history_@day@
+           (id, public_id, topic, payload, status, attempts, available_at, processed_at, last_error, created_at,
+            dedupe_key, lease_token, ordering_key, waiting_for, headers)
+    SELECT m.id, m.public_id, m.topic, m.payload, 'DONE', m.attempts, m.available_at, $3, m.last_error, m.created_at,
+           m.dedupe_key, m.lease_token, m.ordering_key, m.waiting_for, m.headers
+      FROM moved m
+    RETURNING ordering_key
+), done_in_place AS (
+    UPDATE ONLY @extschema@.outbox o
+       SET status = 'DONE', processed_at = $3
+      FROM wanted
+     WHERE o.id OPERATOR(pg_catalog.=) wanted.id
+       AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
+       AND (wanted.lease_token IS NULL OR o.lease_token OPERATOR(pg_catalog.=) wanted.lease_token)
+       AND (o.dedupe_key IS NOT NULL OR o.waiting_for IS NOT NULL
+            OR EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id))
     RETURNING o.ordering_key
+), done AS (
+    SELECT a.ordering_key FROM archived a
+    UNION ALL
+    SELECT p.ordering_key FROM done_in_place p
 )
 SELECT pg_catalog.count(*), pg_catalog.array_agg(DISTINCT d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL)
   FROM done d

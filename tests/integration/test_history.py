@@ -2,15 +2,20 @@
 it, with its deliveries, out of the table the claims and the worker read into the history
 table of its day, where readers of outbox still see it and outbox_purge empties whole days
 (docs/storage.md)."""
+import subprocess
+import tempfile
+import uuid
+
 import psycopg
 
-from conftest import enqueue_many
-from support import eventually
+from conftest import DATABASE, enqueue_many, pg_program
+from support import eventually, fresh_database
 
 
 def completed(conn, count, processed_ago="2 minutes", delivered=False, **enqueue):
-    """count messages enqueued, claimed and completed, processed_ago before now (and, when
-    delivered, each with a delivery, made before the worker may move them)."""
+    """count messages enqueued, claimed and made DONE in outbox itself, processed_ago before now
+    (and, when delivered, each with a delivery), as the delivery worker leaves the messages it
+    settles, or 0.5.3 left every completed one: what outbox_archive moves."""
     ids = [
         row[0]
         for row in conn.execute(
@@ -20,10 +25,11 @@ def completed(conn, count, processed_ago="2 minutes", delivered=False, **enqueue
     ]
     claimed = [row[0] for row in conn.execute("SELECT id FROM outbox_claim(%s, topics => '{history.test}')", (count,))]
     assert sorted(claimed) == sorted(ids)
-    assert conn.execute("SELECT outbox_complete(%s::bigint[])", (ids,)).fetchone()[0] == count
-    if delivered:
+    if delivered:  # (First: the worker's archive may move a DONE message at any moment.)
         with_delivery(conn, ids)
-    conn.execute("UPDATE ONLY outbox SET processed_at = now() - %s::interval WHERE id = ANY (%s)", (processed_ago, ids))
+    done = conn.execute("UPDATE ONLY outbox SET status = 'DONE', processed_at = now() - %s::interval WHERE id = ANY (%s)",
+                        (processed_ago, ids))
+    assert done.rowcount == count
     return ids
 
 
@@ -35,7 +41,7 @@ def with_delivery(conn, ids, status="DONE"):
     ).fetchone()[0]
     conn.execute(
         """INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
-           SELECT id, %s, %s, 1, processed_at FROM ONLY outbox WHERE id = ANY (%s)""",
+           SELECT id, %s, %s, 1, COALESCE(processed_at, now()) FROM ONLY outbox WHERE id = ANY (%s)""",
         (subscription, status, ids),
     )
     return subscription
@@ -78,7 +84,7 @@ def test_done_messages_move_to_the_history_of_their_day_and_outbox_still_shows_t
     ).fetchall()
     assert deliveries == [(history.replace("outbox_", "outbox_delivery_"), 20)], "deliveries go with their message"
     # What stays where the claims and the worker read: pending work, the last minute's
-    # completions (outbox_stats counts them there), messages holding a dedupe_key.
+    # completions in place, messages holding a dedupe_key.
     assert set(where(db, "outbox", just_done + kept_by_key + pending).values()) == {"outbox"}
     assert db.execute("SELECT completed_last_minute FROM outbox_stats() WHERE topic = 'history.test'").fetchone()[0] == 2
     # The key still holds: a second enqueue records nothing.
@@ -86,6 +92,49 @@ def test_done_messages_move_to_the_history_of_their_day_and_outbox_still_shows_t
     # A reader's query for pending work leaves the history out (its CHECK constraint).
     plan = db.execute("EXPLAIN (FORMAT JSON) SELECT * FROM outbox WHERE status = 'PENDING'").fetchone()[0]
     assert "outbox_history" not in str(plan)
+
+
+def test_complete_moves_a_message_to_the_history_of_its_day_at_once_unless_it_must_stay(db):
+    """outbox_complete writes the DONE message into the history of the day of its processed_at
+    in the same statement; a message whose dedupe_key must keep holding, or with deliveries,
+    becomes DONE in place (outbox_archive moves it later)."""
+    plain = enqueue_many(db, 3, topic="history.now")
+    keyed = db.execute("SELECT (outbox_enqueue('history.now', '{}', dedupe_key => 'held')).id").fetchone()[0]
+    first, second = (db.execute("SELECT (outbox_enqueue('history.now', '{}', ordering_key => 'k')).id").fetchone()[0] for _ in range(2))
+    [delivered] = enqueue_many(db, 1, topic="history.now")
+    with_delivery(db, [delivered])
+    [wrong_token] = enqueue_many(db, 1, topic="history.now")
+    before = {row[0]: row[1:] for row in db.execute("SELECT id, public_id, payload, attempts, created_at FROM outbox")}
+
+    claimed = dict(db.execute("SELECT id, lease_token FROM outbox_claim(20, topics => '{history.now}')").fetchall())
+    assert second not in claimed, "behind its ordering key"
+    tokens = {**claimed, wrong_token: uuid.UUID(int=1)}
+    ids = sorted(tokens)
+    completed_count = db.execute("SELECT outbox_complete_batch(%s::bigint[], %s::uuid[])",
+                                 (ids, [tokens[i] for i in ids])).fetchone()[0]
+    assert completed_count == len(ids) - 1
+
+    rows = {row[0]: row[1:] for row in db.execute(
+        """SELECT id, tableoid::regclass::text, 'outbox_history_' || outbox_attempt_log_slot(processed_at), status::text,
+                  public_id, payload, attempts, created_at
+             FROM outbox WHERE id = ANY (%s)""", (ids,))}
+    assert len(rows) == len(ids), "each message once"
+    for moved in plain + [first]:
+        table, its_day, status, *kept = rows[moved]
+        assert (table, status) == (its_day, "DONE")
+        assert tuple(kept) == before[moved][:2] + (1,) + before[moved][3:], "the same message, its one attempt"
+    assert {rows[i][0:3:2] for i in (keyed, delivered)} == {("outbox", "DONE")}
+    assert rows[wrong_token][0:3:2] == ("outbox", "PENDING")
+    # The ordering key went on, the last minute's completions count wherever they are.
+    assert second in [row[0] for row in db.execute("SELECT id FROM outbox_claim(20, topics => '{history.now}')")]
+    assert db.execute("SELECT completed_last_minute FROM outbox_stats() WHERE topic = 'history.now'").fetchone()[0] == 6
+
+    # Without lease tokens, in the transaction that claimed (lease => NULL), the same.
+    [unleased] = enqueue_many(db, 1, topic="history.now")
+    with db.transaction():
+        assert [row[0] for row in db.execute("SELECT id FROM outbox_claim(1, topics => '{history.now}', lease => NULL)")] == [unleased]
+        assert db.execute("SELECT outbox_complete(%s)", (unleased,)).fetchone()[0] is True
+    assert where(db, "outbox", [unleased])[unleased].startswith("outbox_history_")
 
 
 def test_purge_empties_a_day_of_history_whole_with_its_deliveries(db):
@@ -147,3 +196,28 @@ def test_the_archive_does_not_walk_past_the_messages_that_stay(db):
     touched = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"].get("Shared Read Blocks", 0)
     assert touched < 200, f"an archive with nothing to move read {touched} pages with 50k DONE messages that stay"
     assert db.execute("SELECT count(*) FROM ONLY outbox WHERE dedupe_key IS NOT NULL").fetchone()[0] == 50000
+
+
+def test_a_dump_and_restore_keeps_the_history_once_in_the_tables_of_its_days(db):
+    """pg_dump writes each history table's rows once (COPY of a parent does not include its
+    children's), and pg_restore puts them back in the table of their day, where purge finds
+    them."""
+    moved = completed(db, 5, processed_ago="3 days", delivered=True)
+    archive(db)
+    pending = [db.execute("SELECT (outbox_enqueue('history.unsubscribed', '{}')).id").fetchone()[0]]
+    messages = "SELECT id, status::text, processed_at, tableoid::regclass::text FROM outbox ORDER BY id"
+    deliveries = "SELECT message_id, status::text, tableoid::regclass::text FROM outbox_delivery ORDER BY 1"
+    before, delivered = db.execute(messages).fetchall(), db.execute(deliveries).fetchall()
+    history = set(where(db, "outbox", moved).values())
+    assert len(history) == 1 and history != {"outbox"}
+    assert where(db, "outbox", pending) == {pending[0]: "outbox"}
+
+    with tempfile.NamedTemporaryFile(suffix=".dump") as dump:
+        subprocess.run([pg_program("pg_dump"), "-Fc", "-f", dump.name, DATABASE], check=True)
+        with fresh_database("outbox_restored_history") as restored:
+            subprocess.run([pg_program("pg_restore"), "--exit-on-error", "-d", "outbox_restored_history", dump.name], check=True)
+            assert restored.execute(messages).fetchall() == before
+            assert restored.execute(deliveries).fetchall() == delivered
+            # The restored history is a day's history like any other: purge empties it whole.
+            restored.execute("SELECT outbox_purge(interval '1 day')")
+            assert restored.execute("SELECT count(*) FROM outbox WHERE id = ANY (%s)", (moved,)).fetchone()[0] == 0
