@@ -37,11 +37,16 @@ DECLARE
     day_slot          integer;
     history_topics    text[] := '{}';
     history_completed bigint[] := '{}';
+    seqscan_setting   text;
 BEGIN
     -- The last minute's completions that went to the history (most: outbox_complete moves them
     -- at once), from the table of today (and of yesterday, in a day's first minute) by its
     -- processed_at index. Only those tables: planning a query over all 32 would cost more than
     -- the rest of the statistics.
+    -- (Through that index even before autovacuum has analyzed a day's table, which fills up
+    -- within its day: estimated without statistics, a sequential scan of it looks cheaper.)
+    seqscan_setting := current_setting('enable_seqscan');
+    PERFORM set_config('enable_seqscan', 'off', true);
     FOR day_slot IN SELECT DISTINCT @extschema@.outbox_attempt_log_slot(t)
                       FROM unnest(ARRAY[clock_now, clock_now - interval '1 minute']) t LOOP
         EXECUTE format('SELECT $2 || array_agg(c.topic::text), $3 || array_agg(c.completed)
@@ -50,6 +55,7 @@ BEGIN
            INTO history_topics, history_completed
           USING clock_now - interval '1 minute', history_topics, history_completed;
     END LOOP;
+    PERFORM set_config('enable_seqscan', seqscan_setting, true);
 
     RETURN QUERY
     WITH live AS (

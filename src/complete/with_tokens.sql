@@ -3,13 +3,15 @@
 -- holds it. It leaves outbox at once for the history of its day, outbox_history_@day@ (day: see
 -- src/history.rs), unless a dedupe_key must keep holding or it has (or is getting) deliveries:
 -- those become DONE in place and outbox_archive moves them later (docs/storage.md). Returns how
--- many it completed and their ordering keys (for src/ordering).
+-- many it completed and their ordering keys (for src/ordering). (Each part finds its rows by
+-- `id = ANY ($1)` in the primary key: joined to the tokens alone, the plan kept for the session,
+-- made while outbox was small, read the whole table at each call once it had grown.)
 WITH wanted AS (
     SELECT w.id, w.lease_token FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS w(id, lease_token)
 ), moved AS (
     DELETE FROM ONLY @extschema@.outbox o
      USING wanted
-     WHERE o.id OPERATOR(pg_catalog.=) wanted.id
+     WHERE o.id OPERATOR(pg_catalog.=) ANY ($1) AND o.id OPERATOR(pg_catalog.=) wanted.id
        -- (As text: matched against the partial index of ready rows, the plan kept for the
        -- session could walk that whole index instead of looking the rows up by id.)
        AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
@@ -29,7 +31,7 @@ WITH wanted AS (
     UPDATE ONLY @extschema@.outbox o
        SET status = 'DONE', processed_at = $3
       FROM wanted
-     WHERE o.id OPERATOR(pg_catalog.=) wanted.id
+     WHERE o.id OPERATOR(pg_catalog.=) ANY ($1) AND o.id OPERATOR(pg_catalog.=) wanted.id
        AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
        AND (wanted.lease_token IS NULL OR o.lease_token OPERATOR(pg_catalog.=) wanted.lease_token)
        AND (o.dedupe_key IS NOT NULL OR o.waiting_for IS NOT NULL
