@@ -358,7 +358,7 @@ BEGIN
 END
 $$;
 
--- ======== new in 0.5.4 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.4 ========
 
 -- outbox_complete writes most DONE messages into the history of their day at once
 -- (src/complete), so outbox_stats() finds the last minute's completions there: by a B-tree on
@@ -373,3 +373,5 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- ======== new in 0.5.5 (scripts/make-upgrade-script.sh copies from here to the end) ========
