@@ -861,9 +861,16 @@ COMMENT ON FUNCTION outbox_discard_all() IS 'Deletes every DEAD message; returns
 -- returns how many. The delivery worker calls it every second; outbox_purge calls it too, for
 -- databases without a worker. Messages with a dedupe_key stay (their key is unique in outbox
 -- only) until purged.
+--
+-- The worker's session plans its statements once, often while outbox and outbox_delivery are
+-- still empty (the planner gives tables with children no minimum size), and keeps the plans:
+-- made then, this one read the whole delivery table for each message, minutes for a bulk of
+-- 30,000 (test_history.py). So its scans are by index whatever the estimates: enable_seqscan
+-- off, and the deliveries looked up per message (below).
 CREATE OR REPLACE FUNCTION outbox_archive(max_rows integer DEFAULT 10000) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     archived bigint := 0;
@@ -891,9 +898,12 @@ BEGIN
                    -- minute's completions in outbox only); outbox_complete moves most at once.
                    AND o.processed_at < clock_timestamp() - interval '1 minute'
                    AND o.dedupe_key IS NULL
-                   -- (A message completed by hand while the worker delivered it stays.)
+                   -- (A message completed by hand while the worker delivered it stays. OFFSET 0
+                   -- keeps this a lookup per message, by outbox_delivery's key: as a join, a
+                   -- plan made on empty tables scanned the whole table for each message.)
                    AND NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d
-                                    WHERE d.message_id = o.id AND d.status <> 'DONE'::@extschema@.outbox_status)
+                                    WHERE d.message_id = o.id AND d.status <> 'DONE'::@extschema@.outbox_status
+                                   OFFSET 0)
                  ORDER BY o.status, o.processed_at
                  LIMIT max_rows
                    FOR UPDATE SKIP LOCKED) e
@@ -919,11 +929,14 @@ COMMENT ON FUNCTION outbox_archive(integer) IS
 -- at most max_rows of them, oldest first, with their deliveries. Bounded so no call holds its
 -- row locks or its transaction for long: call it again until it returns less than max_rows
 -- (the delivery worker does, every minute, with outbox.retention). The history of DONE messages
--- and the attempt log go a whole day at a time (below), not counted.
+-- and the attempt log go a whole day at a time (below), not counted. Its plans, like
+-- outbox_archive's, are kept by a worker session that may have begun on empty tables: by index
+-- whatever the estimates (enable_seqscan off).
 CREATE OR REPLACE FUNCTION outbox_purge(older_than interval, include_dead boolean DEFAULT false, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 DECLARE
     cutoff      timestamptz;
@@ -982,7 +995,8 @@ BEGIN
                AND o.status = finished AND o.processed_at < cutoff
             RETURNING o.id
         ), gone_deliveries AS (
-            DELETE FROM ONLY @extschema@.outbox_delivery d USING gone WHERE d.message_id = gone.id
+            -- (By the key of outbox_delivery, each message's: see enable_seqscan above.)
+            DELETE FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id = ANY (ARRAY(SELECT g.id FROM gone g))
         )
         SELECT count(*) INTO deleted FROM gone;
         purged := purged + deleted;
