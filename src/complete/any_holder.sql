@@ -1,8 +1,8 @@
--- outbox_complete without lease tokens: $1 ids, completed while PENDING, whoever holds them;
--- $2 the completion time. (The consumer that claimed with lease => NULL holds their row locks:
--- nobody else can.) Each leaves outbox at once for the history of its day, as in
--- with_tokens.sql, or becomes DONE in place. Returns how many it completed and their ordering
--- keys (for src/ordering).
+-- outbox_complete without lease tokens, first step: $1 ids, completed while PENDING, whoever
+-- holds them; $2 the completion time. (The consumer that claimed with lease => NULL holds their
+-- row locks: nobody else can.) Each leaves outbox at once for the history of its day, as in
+-- with_tokens.sql, unless it must stay (in_place_any_holder.sql). Returns how many it moved and
+-- their ordering keys (for src/ordering).
 WITH moved AS (
     DELETE FROM ONLY @extschema@.outbox o
      WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
@@ -20,18 +20,6 @@ WITH moved AS (
            m.dedupe_key, m.lease_token, m.ordering_key, m.waiting_for, m.headers
       FROM moved m
     RETURNING ordering_key
-), done_in_place AS (
-    UPDATE ONLY @extschema@.outbox o
-       SET status = 'DONE', processed_at = $2
-     WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
-       AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
-       AND (o.dedupe_key IS NOT NULL OR o.waiting_for IS NOT NULL
-            OR EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id))
-    RETURNING o.ordering_key
-), done AS (
-    SELECT a.ordering_key FROM archived a
-    UNION ALL
-    SELECT p.ordering_key FROM done_in_place p
 )
-SELECT pg_catalog.count(*), pg_catalog.array_agg(DISTINCT d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL)
-  FROM done d
+SELECT pg_catalog.count(*), pg_catalog.array_agg(DISTINCT a.ordering_key) FILTER (WHERE a.ordering_key IS NOT NULL)
+  FROM archived a

@@ -18,33 +18,47 @@ use pgrx::datum::{Array, IntoDatum, Uuid};
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
 static WITH_TOKENS: Statement = Statement::new(include_str!("with_tokens.sql"), &[INT8ARRAYOID, UUIDARRAYOID, TIMESTAMPTZOID]);
+static IN_PLACE_WITH_TOKENS: Statement =
+    Statement::new(include_str!("in_place_with_tokens.sql"), &[INT8ARRAYOID, UUIDARRAYOID, TIMESTAMPTZOID]);
 static ANY_HOLDER: Statement = Statement::new(include_str!("any_holder.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID]);
+static IN_PLACE_ANY_HOLDER: Statement = Statement::new(include_str!("in_place_any_holder.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID]);
 
-/// Marks the PENDING messages among `ids` DONE (each only while its element of `tokens`, if
-/// any, still holds it), and lets the next message of their ordering keys go; returns how many.
-fn complete(args: &Args, ids: Option<pg_sys::Datum>, tokens: Option<pg_sys::Datum>) -> usize {
+/// Marks the PENDING messages among `ids` (`count` of them) DONE, each only while its element
+/// of `tokens`, if any, still holds it, and lets the next message of their ordering keys go;
+/// returns how many. Most leave outbox for their history in one statement; a second one, for
+/// those that must stay, runs only when the first did not complete them all (a batch of plain
+/// messages pays for one).
+fn complete(args: &Args, ids: Option<pg_sys::Datum>, count: usize, tokens: Option<pg_sys::Datum>) -> usize {
     let schema = schema_of_function(args.fcinfo());
     // One reading of the clock: the messages' processed_at, and the day of the history they go to.
     let completed_at = backend::now();
     let day = history::day_slot(completed_at);
     let completed_at = Some(pg_sys::Datum::from(completed_at));
-    let mut spi = Spi::connect();
-    let done = match tokens {
-        Some(_) => spi.execute_in_day(&WITH_TOKENS, schema, day, &[ids, tokens, completed_at]),
-        None => spi.execute_in_day(&ANY_HOLDER, schema, day, &[ids, completed_at]),
+    let (moving, in_place, arguments) = match tokens {
+        Some(_) => (&WITH_TOKENS, &IN_PLACE_WITH_TOKENS, vec![ids, tokens, completed_at]),
+        None => (&ANY_HOLDER, &IN_PLACE_ANY_HOLDER, vec![ids, completed_at]),
     };
-    let completed: i64 = done.get(0, 1).unwrap_or(0);
-    let keys = done.datum(0, 2);
+    let mut spi = Spi::connect();
+    let mut completed = 0;
+    let moved = spi.execute_in_day(moving, schema, day, &arguments);
+    let (moved_count, keys) = (moved.get::<i64>(0, 1).unwrap_or(0) as usize, moved.datum(0, 2));
+    completed += moved_count;
     ordering::release_message_keys(&mut spi, schema, keys);
+    if moved_count < count {
+        let done = spi.execute(in_place, schema, &arguments);
+        let (done_count, keys) = (done.get::<i64>(0, 1).unwrap_or(0) as usize, done.datum(0, 2));
+        completed += done_count;
+        ordering::release_message_keys(&mut spi, schema, keys);
+    }
     spi.finish();
-    completed as usize
+    completed
 }
 
 // outbox_complete(id bigint, lease_token uuid) RETURNS boolean
 sql_function!(outbox_complete_c, pg_finfo_outbox_complete_c, |args| {
     let id = required(args.get::<i64>(0), "outbox_complete", "id");
     let token = args.get::<Uuid>(1);
-    let completed = complete(&args, vec![id].into_datum(), token.map(|t| vec![t]).into_datum());
+    let completed = complete(&args, vec![id].into_datum(), 1, token.map(|t| vec![t]).into_datum());
     (completed == 1).into_datum().unwrap()
 });
 
@@ -61,6 +75,6 @@ sql_function!(outbox_complete_batch_c, pg_finfo_outbox_complete_batch_c, |args| 
             raise(OutboxError::invalid(FUNCTION, "lease_tokens", format!("has {} elements but ids has {}", tokens.len(), ids.len())));
         }
     }
-    let completed = complete(&args, args.datum(0), args.datum(1));
+    let completed = complete(&args, args.datum(0), ids.len(), args.datum(1));
     (completed as i32).into_datum().unwrap()
 });

@@ -1,11 +1,12 @@
--- outbox_complete with lease tokens: $1 ids, $2 their tokens (an element NULL: any holder), $3
--- the completion time. A message is completed only while PENDING and only while its token still
--- holds it. It leaves outbox at once for the history of its day, outbox_history_@day@ (day: see
--- src/history.rs), unless a dedupe_key must keep holding or it has (or is getting) deliveries:
--- those become DONE in place and outbox_archive moves them later (docs/storage.md). Returns how
--- many it completed and their ordering keys (for src/ordering). (Each part finds its rows by
--- `id = ANY ($1)` in the primary key: joined to the tokens alone, the plan kept for the session,
--- made while outbox was small, read the whole table at each call once it had grown.)
+-- outbox_complete with lease tokens, first step: $1 ids, $2 their tokens (an element NULL: any
+-- holder), $3 the completion time. A message is completed only while PENDING and only while
+-- its token still holds it. Here it leaves outbox at once for the history of its day,
+-- outbox_history_@day@ (day: see src/history.rs), unless a dedupe_key must keep holding or it
+-- has (or is getting) deliveries: in_place_with_tokens.sql makes those DONE where they are, and
+-- outbox_archive moves them later (docs/storage.md). Returns how many it moved and their
+-- ordering keys (for src/ordering). (The rows are found by `id = ANY ($1)` in the primary key:
+-- joined to the tokens alone, the plan kept for the session, made while outbox was small, read
+-- the whole table at each call once it had grown.)
 WITH wanted AS (
     SELECT w.id, w.lease_token FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS w(id, lease_token)
 ), moved AS (
@@ -27,20 +28,6 @@ WITH wanted AS (
            m.dedupe_key, m.lease_token, m.ordering_key, m.waiting_for, m.headers
       FROM moved m
     RETURNING ordering_key
-), done_in_place AS (
-    UPDATE ONLY @extschema@.outbox o
-       SET status = 'DONE', processed_at = $3
-      FROM wanted
-     WHERE o.id OPERATOR(pg_catalog.=) ANY ($1) AND o.id OPERATOR(pg_catalog.=) wanted.id
-       AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
-       AND (wanted.lease_token IS NULL OR o.lease_token OPERATOR(pg_catalog.=) wanted.lease_token)
-       AND (o.dedupe_key IS NOT NULL OR o.waiting_for IS NOT NULL
-            OR EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id))
-    RETURNING o.ordering_key
-), done AS (
-    SELECT a.ordering_key FROM archived a
-    UNION ALL
-    SELECT p.ordering_key FROM done_in_place p
 )
-SELECT pg_catalog.count(*), pg_catalog.array_agg(DISTINCT d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL)
-  FROM done d
+SELECT pg_catalog.count(*), pg_catalog.array_agg(DISTINCT a.ordering_key) FILTER (WHERE a.ordering_key IS NOT NULL)
+  FROM archived a
