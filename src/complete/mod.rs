@@ -12,7 +12,7 @@
 
 use crate::error::{raise, OutboxError};
 use crate::fmgr::{required, sql_function, Args};
-use crate::spi::{schema_of_function, Spi, Statement};
+use crate::spi::{schema_of_function, Rows, Spi, Statement};
 use crate::{backend, history, ordering};
 use pgrx::datum::{Array, IntoDatum, Uuid};
 use pgrx::pg_sys::{self, BuiltinOid::*};
@@ -39,19 +39,21 @@ fn complete(args: &Args, ids: Option<pg_sys::Datum>, count: usize, tokens: Optio
         None => (&ANY_HOLDER, &IN_PLACE_ANY_HOLDER, vec![ids, completed_at]),
     };
     let mut spi = Spi::connect();
-    let mut completed = 0;
-    let moved = spi.execute_in_day(moving, schema, day, &arguments);
-    let (moved_count, keys) = (moved.get::<i64>(0, 1).unwrap_or(0) as usize, moved.datum(0, 2));
-    completed += moved_count;
+    let (moved, keys) = completed_and_keys(spi.execute_in_day(moving, schema, day, &arguments));
     ordering::release_message_keys(&mut spi, schema, keys);
-    if moved_count < count {
-        let done = spi.execute(in_place, schema, &arguments);
-        let (done_count, keys) = (done.get::<i64>(0, 1).unwrap_or(0) as usize, done.datum(0, 2));
-        completed += done_count;
+    let mut completed = moved;
+    if moved < count {
+        let (done_in_place, keys) = completed_and_keys(spi.execute(in_place, schema, &arguments));
         ordering::release_message_keys(&mut spi, schema, keys);
+        completed += done_in_place;
     }
     spi.finish();
     completed
+}
+
+/// What each step of `complete` returns: how many it completed, and their ordering keys.
+fn completed_and_keys(rows: Rows) -> (usize, Option<pg_sys::Datum>) {
+    (rows.get::<i64>(0, 1).unwrap_or(0) as usize, rows.datum(0, 2))
 }
 
 // outbox_complete(id bigint, lease_token uuid) RETURNS boolean
