@@ -259,8 +259,10 @@ def test_a_reader_of_the_attempt_log_delays_its_purge_not_the_purge(db, no_worke
 def test_endpoint_stats_read_the_attempt_log_of_the_last_minute_only(db, no_worker_purge):
     db.execute("INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('audit.exported', 'http://127.0.0.1:9/', false)")
     subscription = db.execute("SELECT id FROM outbox_subscription").fetchone()[0]
-    # 100k requests of earlier days (in the partition of one), 3 answered with 2xx just now.
-    log_attempts(db, 100000, "now() - interval '3 days' + n * interval '100 ms'", subscription)
+    # 100k requests of an earlier day (in the partition of one: they span 2.8 hours from its
+    # UTC midnight, so they never spill into the next day's, whatever the time the test runs), 3
+    # answered with 2xx just now.
+    log_attempts(db, 100000, "date_trunc('day', now(), 'UTC') - interval '3 days' + n * interval '100 ms'", subscription)
     log_attempts(db, 3, "clock_timestamp() - interval '5 seconds'", subscription)
     db.execute("VACUUM ANALYZE outbox_delivery_attempt")
     plan = plan_of(db, "SELECT * FROM outbox_endpoint_stats()", "http_status BETWEEN 200 AND 299")["Plan"]
