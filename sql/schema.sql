@@ -374,4 +374,6 @@ BEGIN
 END
 $$;
 
--- ======== new in 0.5.5 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.5 ========
+
+-- ======== new in 0.5.6 (scripts/make-upgrade-script.sh copies from here to the end) ========
