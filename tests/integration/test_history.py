@@ -10,6 +10,7 @@ import psycopg
 
 from conftest import DATABASE, enqueue_many, pg_program
 from support import eventually, fresh_database
+from support.plans import planned_on_empty_tables_then_bulk_loaded
 
 
 def completed(conn, count, processed_ago="2 minutes", delivered=False, **enqueue):
@@ -196,21 +197,6 @@ def test_the_archive_does_not_walk_past_the_messages_that_stay(db):
     touched = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"].get("Shared Read Blocks", 0)
     assert touched < 200, f"an archive with nothing to move read {touched} pages with 50k DONE messages that stay"
     assert db.execute("SELECT count(*) FROM ONLY outbox WHERE dedupe_key IS NOT NULL").fetchone()[0] == 50000
-
-
-def planned_on_empty_tables_then_bulk_loaded(conn, call, dedupe_keys=False):
-    """`call` run 8 times on empty tables (past the plan cache's five custom plans: the session
-    keeps a generic one, as the worker's does from the moment the extension exists), then
-    30,000 DONE messages processed an hour ago, with a DONE delivery each (with a dedupe_key
-    each, when asked) loaded at once."""
-    for _ in range(8):
-        assert conn.execute(call).fetchone()[0] == 0
-    subscription = with_delivery(conn, [])
-    conn.execute("""INSERT INTO outbox (topic, payload, status, attempts, processed_at, dedupe_key)
-                    SELECT 'history.test', '{}', 'DONE', 1, now() - interval '1 hour', CASE WHEN %s THEN 'key ' || g END
-                      FROM generate_series(1, 30000) g""", (dedupe_keys,))
-    conn.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
-                    SELECT id, %s, 'DONE', 1, processed_at FROM ONLY outbox""", (subscription,))
 
 
 def test_the_archive_stays_linear_when_its_session_began_on_empty_tables(db):
