@@ -1,5 +1,6 @@
-"""Executed plans, as auto_explain reports them: for the tests that check a statement reads
-only what it must."""
+"""Executed plans, as auto_explain reports them, for the tests that check a statement reads
+only what it must; and a session's kept plans, for those that check a function stays linear
+when its session planned it on empty tables."""
 
 import json
 
