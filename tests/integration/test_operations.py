@@ -133,7 +133,7 @@ def test_the_dead_letter_tools_stay_linear_when_their_session_began_on_empty_tab
     db.execute("SET statement_timeout = '15s'")
     assert db.execute(call).fetchone()[0] == 30000
     db.execute("RESET statement_timeout")
-    assert db.execute(remaining).fetchone()[0] == 30000, "every message's delivery went with it"
+    assert db.execute(remaining).fetchone()[0] == 30000, "each message's delivery was requeued, discarded or scheduled with it"
 
 
 @pytest.mark.parametrize(

@@ -44,11 +44,11 @@ def blocks_touched(node):
     return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
 
 
-def planned_on_empty_tables_then_bulk_loaded(conn, call, status="DONE", dedupe_keys=False, count=30000):
+def planned_on_empty_tables_then_bulk_loaded(conn, call, status="DONE", dedupe_keys=False):
     """`call` (its `{subscription}` replaced by the id of a disabled endpoint of 'history.test')
     run 8 times on empty tables, past the plan cache's five custom plans: the session keeps a
     generic one, as the worker's does from the moment the extension exists, and as a pooled
-    connection that runs a job every few minutes does. Then `count` messages of 'history.test'
+    connection that runs a job every few minutes does. Then 30,000 messages of 'history.test'
     in `status`, processed an hour ago, with a delivery each in the same status (and a
     dedupe_key each, when asked), loaded at once: an import, a backlog, an outage's dead
     letters. Returns the call, ready to run again."""
@@ -61,7 +61,7 @@ def planned_on_empty_tables_then_bulk_loaded(conn, call, status="DONE", dedupe_k
         assert conn.execute(call).fetchone()[0] == 0
     conn.execute("""INSERT INTO outbox (topic, payload, status, attempts, processed_at, dedupe_key)
                     SELECT 'history.test', '{}', %s, 1, now() - interval '1 hour', CASE WHEN %s THEN 'key ' || g END
-                      FROM generate_series(1, %s) g""", (status, dedupe_keys, count))
+                      FROM generate_series(1, 30000) g""", (status, dedupe_keys))
     conn.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
                     SELECT id, %s, status, 1, processed_at FROM ONLY outbox""", (subscription,))
     return call
