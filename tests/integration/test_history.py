@@ -9,7 +9,7 @@ import uuid
 import psycopg
 
 from conftest import DATABASE, enqueue_many, pg_program
-from support import eventually, fresh_database
+from support import disabled_endpoint, eventually, fresh_database
 from support.plans import planned_on_empty_tables_then_bulk_loaded
 
 
@@ -36,10 +36,7 @@ def completed(conn, count, processed_ago="2 minutes", delivered=False, **enqueue
 
 def with_delivery(conn, ids, status="DONE"):
     """A delivery of each message to an endpoint the worker leaves alone (disabled)."""
-    subscription = conn.execute(
-        """INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('history.test', 'http://127.0.0.1:9/', false)
-           ON CONFLICT (topic, url) DO UPDATE SET enabled = false RETURNING id"""
-    ).fetchone()[0]
+    subscription = disabled_endpoint(conn)
     conn.execute(
         """INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
            SELECT id, %s, %s, 1, COALESCE(processed_at, now()) FROM ONLY outbox WHERE id = ANY (%s)""",

@@ -90,3 +90,12 @@ def fresh_database(name):
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {name}")
     return psycopg.connect(dbname=name, autocommit=True)
+
+
+def disabled_endpoint(conn, topic="history.test"):
+    """The id of an endpoint of `topic` that the worker leaves alone (disabled), for tests that
+    give messages deliveries by hand."""
+    return conn.execute(
+        """INSERT INTO outbox_subscription (topic, url, enabled) VALUES (%s, 'http://127.0.0.1:9/', false)
+           ON CONFLICT (topic, url) DO UPDATE SET enabled = false RETURNING id""", (topic,)
+    ).fetchone()[0]

@@ -4,6 +4,8 @@ when its session planned it on empty tables."""
 
 import json
 
+from support import disabled_endpoint
+
 
 def plan_of(conn, statement, marker):
     """The executed plan (JSON, with buffers) of the statement nested in `statement` whose
@@ -52,10 +54,7 @@ def planned_on_empty_tables_then_bulk_loaded(conn, call, status="DONE", dedupe_k
     in `status`, processed an hour ago, with a delivery each in the same status (and a
     dedupe_key each, when asked), loaded at once: an import, a backlog, an outage's dead
     letters. Returns the call, ready to run again."""
-    subscription = conn.execute(
-        """INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('history.test', 'http://127.0.0.1:9/', false)
-           ON CONFLICT (topic, url) DO UPDATE SET enabled = false RETURNING id"""
-    ).fetchone()[0]
+    subscription = disabled_endpoint(conn)
     call = call.format(subscription=subscription)
     for _ in range(8):
         assert conn.execute(call).fetchone()[0] == 0
