@@ -376,4 +376,6 @@ $$;
 
 -- ======== new in 0.5.5 ========
 
--- ======== new in 0.5.6 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.6 ========
+
+-- ======== new in 0.5.7 (scripts/make-upgrade-script.sh copies from here to the end) ========
