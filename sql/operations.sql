@@ -496,6 +496,91 @@ $$;
 COMMENT ON FUNCTION outbox_archive(integer) IS
 'Moves up to max_rows DONE messages (without a dedupe_key) that ended over a minute ago, with their deliveries, into the history table of the day they were processed, oldest first; returns how many. The delivery worker calls it every second.';
 
+-- compact: give the hot tables (outbox and outbox_delivery without their histories) back the
+-- space that row versions vacuum may not remove yet have taken. While a session holds back the
+-- xmin horizon (idle in transaction, a long query), every claim, completion and move to the
+-- history leaves a version that no vacuum can remove, so what the claims read grows with the
+-- traffic, and stays grown afterwards. The live rows are few: under an exclusive lock this
+-- copies them, empties both tables with TRUNCATE (which frees their files whatever the
+-- horizon) and writes them back, unchanged, in one transaction: a crash leaves the tables as
+-- they were. Returns how many rows it kept, or NULL when it did nothing (docs/storage.md):
+--   - unless forced, when the tables are small (under 2 MB each) or no transaction of this
+--     database has held the horizon back for 10 seconds (autovacuum keeps up then);
+--   - when either table is published for logical replication (a subscriber would see the rows
+--     emptied and inserted again);
+--   - when the lock is not granted within 20 ms (a session is using the tables: a consumer in
+--     its transaction, a dump), or more than max_live_rows rows are live.
+-- TRUNCATE is not MVCC-safe: a REPEATABLE READ transaction whose snapshot is older than the
+-- compaction and that has not yet read the tables sees them without the rows written back (it
+-- claims nothing; a message it completes under a lease is handed out again after the lease).
+-- The write-back fires no trigger (session_replication_role): the rows are the same.
+CREATE OR REPLACE FUNCTION outbox_compact(force boolean DEFAULT false, max_live_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '20ms'
+SET session_replication_role = replica
+AS $$
+DECLARE
+    small_table CONSTANT bigint := 2 * 1024 * 1024;
+    held_back   CONSTANT interval := interval '10 seconds';
+    messages    @extschema@.outbox[];
+    deliveries  @extschema@.outbox_delivery[];
+BEGIN
+    IF force IS NULL THEN
+        RAISE EXCEPTION 'outbox_compact: force must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF max_live_rows IS NULL OR max_live_rows < 0 OR max_live_rows > 1000000 THEN
+        RAISE EXCEPTION 'outbox_compact: max_live_rows must be between 0 and 1000000, got %', max_live_rows
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT force AND (
+           (pg_relation_size('@extschema@.outbox'::regclass) < small_table
+            AND pg_relation_size('@extschema@.outbox_delivery'::regclass) < small_table)
+        -- (The horizon of a database's tables: its own sessions'. A vacuum elsewhere holds
+        -- back no other vacuum.)
+        OR (NOT EXISTS (SELECT FROM pg_stat_activity a
+                         WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+                           AND a.xact_start < clock_timestamp() - held_back
+                           AND a.datname = current_database()
+                           AND a.backend_type <> 'autovacuum worker'
+                           AND a.pid <> pg_backend_pid())
+            AND NOT EXISTS (SELECT FROM pg_prepared_xacts p WHERE p.prepared < clock_timestamp() - held_back)))
+    THEN
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT FROM pg_publication p
+                WHERE p.puballtables
+                   OR EXISTS (SELECT FROM pg_publication_rel r
+                               WHERE r.prpubid = p.oid
+                                 AND r.prrelid IN ('@extschema@.outbox'::regclass, '@extschema@.outbox_delivery'::regclass))
+                   OR EXISTS (SELECT FROM pg_publication_namespace n
+                               WHERE n.pnpubid = p.oid AND n.pnnspid = '@extschema@'::regnamespace)) THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        LOCK TABLE ONLY @extschema@.outbox, ONLY @extschema@.outbox_delivery IN ACCESS EXCLUSIVE MODE;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN NULL;
+    END;
+    SELECT array_agg(o) INTO messages
+      FROM (SELECT o FROM ONLY @extschema@.outbox o LIMIT max_live_rows + 1) o;
+    SELECT array_agg(d) INTO deliveries
+      FROM (SELECT d FROM ONLY @extschema@.outbox_delivery d LIMIT max_live_rows + 1) d;
+    IF coalesce(cardinality(messages), 0) + coalesce(cardinality(deliveries), 0) > max_live_rows THEN
+        RETURN NULL;
+    END IF;
+    TRUNCATE ONLY @extschema@.outbox, @extschema@.outbox_delivery;
+    INSERT INTO @extschema@.outbox SELECT * FROM unnest(messages);
+    INSERT INTO @extschema@.outbox_delivery SELECT * FROM unnest(deliveries);
+    RETURN coalesce(cardinality(messages), 0) + coalesce(cardinality(deliveries), 0);
+END
+$$;
+
+COMMENT ON FUNCTION outbox_compact(boolean, integer) IS
+'Gives outbox and outbox_delivery (not their histories) back the space of row versions vacuum may not remove yet: under an exclusive lock, copies the live rows, empties the tables with TRUNCATE and writes the rows back. Unless forced, only when a table is over 2 MB and a transaction has held the xmin horizon back for 10 s. Returns the rows kept, or NULL when it did nothing (small tables, a publication, the lock not granted within 20 ms, more than max_live_rows live rows). The delivery worker calls it every second.';
+
 -- purge: delete DONE rows (and DEAD ones, when asked) finished longer than older_than ago,
 -- at most max_rows of them, oldest first, with their deliveries. Bounded so no call holds its
 -- row locks or its transaction for long: call it again until it returns less than max_rows

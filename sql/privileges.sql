@@ -91,6 +91,7 @@ GRANT EXECUTE ON FUNCTION
     outbox_discard_all(),
     outbox_purge(interval, boolean, integer),
     outbox_archive(integer),
+    outbox_compact(boolean, integer),
     outbox_subscribe(text, text, text, jsonb, interval, boolean, double precision, integer),
     outbox_unsubscribe(text, text),
     outbox_enable_subscription(bigint),
@@ -119,7 +120,8 @@ GRANT SELECT, INSERT, UPDATE ON outbox_delivery TO outbox_worker;
 GRANT INSERT ON outbox_delivery_attempt TO outbox_worker;
 -- (The attempt log's partition key: routing a row runs it with the inserter's rights.)
 GRANT EXECUTE ON FUNCTION outbox_attempt_log_slot(timestamptz) TO outbox_worker;
-GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer), outbox_archive(integer) TO outbox_worker;
+GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer), outbox_archive(integer), outbox_compact(boolean, integer)
+    TO outbox_worker;
 GRANT EXECUTE ON FUNCTION outbox_release_keys(text[]), outbox_release_delivery_keys(bigint[], text[]) TO outbox_worker;
 
 -- This database's delivery worker starts when CREATE EXTENSION (or ALTER EXTENSION UPDATE)

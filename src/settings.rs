@@ -18,6 +18,7 @@ pub static WORKER_DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<C
 pub static MAX_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static WORKER_MEMORY_KB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 pub static WORKER_ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static COMPACTION: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 pub static WORKER_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(100);
 pub static MAX_IN_FLIGHT: GucSetting<i32> = GucSetting::<i32>::new(8);
@@ -100,6 +101,14 @@ pub fn register_worker(preloading: bool) {
         c"Whether the delivery worker delivers (off: it idles, messages stay pending).",
         c"",
         &WORKER_ENABLED,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"outbox.compaction",
+        c"Whether the delivery worker compacts the hot tables while vacuum is held back (outbox_compact).",
+        c"",
+        &COMPACTION,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -316,6 +325,8 @@ pub struct WorkerSettings {
     pub http_timeout: Duration,
     /// `None`: keep DONE messages forever.
     pub retention: Option<Duration>,
+    /// Whether to call `outbox_compact` every second.
+    pub compaction: bool,
     /// `None`: never disable a failing endpoint.
     pub endpoint_disable_after: Option<Duration>,
 }
@@ -332,6 +343,7 @@ pub fn worker_settings() -> WorkerSettings {
             0 => None,
             seconds => Some(Duration::from_secs(seconds as u64)),
         },
+        compaction: COMPACTION.get(),
         endpoint_disable_after: endpoint_disable_after(),
     }
 }

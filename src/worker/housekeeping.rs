@@ -1,6 +1,7 @@
 //! Housekeeping between deliveries: DONE messages moved out of the table the claims read into
-//! their day's history (every second), what is older than `outbox.retention` purged, both in
-//! short transactions, and a warning, at most once a minute per
+//! their day's history (every second), the hot tables compacted while vacuum is held back
+//! (looked at every second), what is older than `outbox.retention` purged, all in short
+//! transactions, and a warning, at most once a minute per
 //! topic, for topics with pending messages nobody subscribes to (they stay pending: a producer
 //! deployed ahead of its consumer is not data loss).
 
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 static ARCHIVE: Statement = Statement::new(include_str!("archive.sql"), &[INT4OID]);
 static PURGE: Statement = Statement::new(include_str!("purge.sql"), &[INTERVALOID, INT4OID]);
+static COMPACT: Statement = Statement::new(include_str!("compact.sql"), &[]);
 static UNSUBSCRIBED_TOPICS: Statement = Statement::new(include_str!("unsubscribed_topics.sql"), &[TEXTARRAYOID]);
 
 /// How often, at most, the worker moves DONE messages to the history ...
@@ -22,6 +24,8 @@ const ARCHIVE_INTERVAL: Duration = Duration::from_secs(1);
 const ARCHIVE_BATCH_ROWS: i32 = 5_000;
 /// ... and at most this many of them per pass.
 const ARCHIVE_BATCHES_PER_PASS: usize = 10;
+/// How often, at most, the worker asks whether the hot tables need compacting.
+const COMPACT_INTERVAL: Duration = Duration::from_secs(1);
 /// How often, at most, the worker purges ...
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// ... in transactions of at most this many rows ...
@@ -37,6 +41,7 @@ const UNSUBSCRIBED_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 pub struct Housekeeping {
     last_archive: Option<Instant>,
     last_purge: Option<Instant>,
+    last_compact: Option<Instant>,
     last_unsubscribed_check: Option<Instant>,
     warned_about_topic: HashMap<String, Instant>,
 }
@@ -51,6 +56,26 @@ impl Housekeeping {
         self.last_archive = Some(Instant::now());
         let batches = Batches { what: "moving DONE messages to the history", count: ARCHIVE_BATCHES_PER_PASS, rows: ARCHIVE_BATCH_ROWS };
         batches.run(&ARCHIVE, schema, Vec::new, stop);
+    }
+
+    /// Compacts the hot tables when `outbox_compact` finds it worth it (a held-back horizon has
+    /// left them large), at most once a second, in a transaction of its own.
+    pub fn compact_if_due(&mut self, schema: pg_sys::Oid) {
+        if self.last_compact.is_some_and(|at| at.elapsed() < COMPACT_INTERVAL) {
+            return;
+        }
+        self.last_compact = Some(Instant::now());
+        let kept = session::transaction(|| {
+            let mut spi = Spi::connect();
+            let kept: Option<i64> = spi.execute(&COMPACT, schema, &[]).get(0, 1);
+            spi.finish();
+            kept
+        });
+        match kept {
+            Ok(Some(kept)) => pgrx::debug1!("outbox_ext: compacted the hot tables, {kept} live row(s) kept"),
+            Ok(None) => {}
+            Err(failure) => pgrx::warning!("outbox_ext: compacting the hot tables failed: {failure}"),
+        }
     }
 
     /// Purges what is older than `retention`, at most once a minute (or once per retention,

@@ -254,6 +254,9 @@ impl Worker {
                 let slot = self.slot;
                 let stop = || registry::must_leave_now(slot) || shutdown_requested();
                 self.housekeeping.archive_if_due(schema, stop);
+                if self.settings.compaction {
+                    self.housekeeping.compact_if_due(schema);
+                }
                 self.housekeeping.purge_if_due(schema, self.settings.retention, stop);
             }
             let woken = sleep::wait(Some(self.pool.wake_fd()), self.sleep_time());

@@ -32,6 +32,7 @@ ABILITIES = [
     ("SELECT outbox_discard_all()", {"app_admin"}),
     ("SELECT outbox_purge(interval '7 days')", {"app_admin"}),
     ("SELECT outbox_archive()", {"app_admin"}),
+    ("SELECT outbox_compact()", {"app_admin"}),
     # (The history is read through outbox.)
     ("SELECT count(*) FROM outbox_history_0", set()),
     ("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/')", {"app_admin"}),

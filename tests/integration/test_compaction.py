@@ -1,0 +1,132 @@
+"""Compaction of the hot tables (0.5.7): while a transaction holds the xmin horizon back, every
+claim and completion leaves a row version no vacuum may remove, and outbox grows with the
+traffic. outbox_compact empties outbox and outbox_delivery with TRUNCATE and writes their few
+live rows back; the delivery worker calls it every second (docs/storage.md)."""
+import time
+
+import psycopg
+import pytest
+
+from conftest import configure_worker, connect, reset_worker_settings
+from support import disabled_endpoint, eventually
+
+CLEAN = 2 * 1024 * 1024  # below this, outbox_compact leaves the tables alone unless forced
+PAYLOAD = "x" * 1000
+
+
+def hot_size(conn):
+    return conn.execute("SELECT pg_relation_size('outbox') + pg_relation_size('outbox_delivery')").fetchone()[0]
+
+
+def churn(conn, messages):
+    """messages enqueued, claimed and completed, 500 a transaction: each leaves dead versions."""
+    for _ in range(0, messages, 500):
+        with conn.transaction():
+            conn.execute("SELECT outbox_enqueue('compaction.churn', jsonb_build_object('pad', %s::text)) "
+                         "FROM generate_series(1, 500)", (PAYLOAD,))
+        with conn.transaction():
+            done = conn.execute("SELECT count(*) FILTER (WHERE outbox_complete(id)) "
+                                "FROM outbox_claim(500, '{compaction.churn}', lease => NULL)").fetchone()[0]
+            assert done == 500
+
+
+def live_rows(conn):
+    """Every row of the hot tables, whole, and how many rows outbox shows with its history."""
+    messages = conn.execute("SELECT o::text FROM ONLY outbox o ORDER BY id").fetchall()
+    deliveries = conn.execute("SELECT d::text FROM ONLY outbox_delivery d ORDER BY message_id, subscription_id").fetchall()
+    return messages, deliveries, conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
+
+
+def messages_in_every_state(conn):
+    """Pending, keyed (a head and one waiting behind it), leased, DEAD and DONE-with-a-dedupe_key
+    messages, and deliveries: what must survive a compaction unchanged. Returns the lease."""
+    conn.execute("SELECT outbox_enqueue('compaction.kept', jsonb_build_object('n', n)) FROM generate_series(1, 20) n")
+    conn.execute("SELECT outbox_enqueue('compaction.keyed', jsonb_build_object('n', n), ordering_key => 'booking:1') "
+                 "FROM generate_series(1, 2) n")
+    conn.execute("SELECT outbox_enqueue('compaction.dead', '{}')")
+    dead = conn.execute("SELECT id FROM outbox_claim(1, '{compaction.dead}', lease => NULL)").fetchone()[0]
+    conn.execute("SELECT outbox_fail(%s, 'gone', retry_in => NULL) FROM generate_series(1, 10)", (dead,))
+    conn.execute("SELECT outbox_enqueue('compaction.once', '{}', dedupe_key => 'order-7')")
+    once = conn.execute("SELECT id FROM outbox_claim(1, '{compaction.once}', lease => NULL)").fetchone()[0]
+    assert conn.execute("SELECT outbox_complete(%s)", (once,)).fetchone()[0]
+    conn.execute("SELECT outbox_enqueue('compaction.leased', '{}')")
+    leased = conn.execute("SELECT id, lease_token FROM outbox_claim(1, '{compaction.leased}')").fetchone()
+    subscription = disabled_endpoint(conn, "compaction.elsewhere")  # (not the topic: no fan-out meanwhile)
+    conn.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts)
+                    SELECT id, %s, 'PENDING', 0 FROM ONLY outbox WHERE topic = 'compaction.kept' LIMIT 5""",
+                 (subscription,))
+    assert conn.execute("SELECT status FROM outbox WHERE id = %s", (dead,)).fetchone()[0] == "DEAD"
+    return leased
+
+
+def test_compaction_writes_every_live_row_back_unchanged_and_the_api_goes_on(db):
+    leased_id, token = messages_in_every_state(db)
+    churn(db, 2000)  # (history too: outbox_complete moved them to their day's table)
+    before = live_rows(db)
+
+    kept = db.execute("SELECT outbox_compact(force => true)").fetchone()[0]
+
+    assert kept == len(before[0]) + len(before[1]), "returns how many rows it wrote back"
+    assert live_rows(db) == before, "every message and delivery whole, the history untouched"
+    assert hot_size(db) < 64 * 1024, "the space of the dead versions is given back"
+    # The indexes were rebuilt with the tables: the lease, the key order and the dedupe key hold.
+    assert db.execute("SELECT outbox_complete(%s, %s)", (leased_id, token)).fetchone()[0]
+    head = db.execute("SELECT id FROM outbox_claim(10, '{compaction.keyed}', lease => NULL)").fetchall()
+    assert len(head) == 1, "the key's second message still waits behind its first"
+    assert db.execute("SELECT outbox_complete(%s)", (head[0][0],)).fetchone()[0]
+    assert len(db.execute("SELECT id FROM outbox_claim(10, '{compaction.keyed}', lease => NULL)").fetchall()) == 1
+    db.execute("SELECT outbox_enqueue('compaction.once', '{}', dedupe_key => 'order-7')")
+    assert db.execute("SELECT count(*) FROM ONLY outbox WHERE dedupe_key = 'order-7'").fetchone()[0] == 1
+    assert db.execute("SELECT outbox_requeue_all()").fetchone()[0] == 1, "the DEAD message is still there"
+
+
+def test_compaction_leaves_the_tables_alone_when_it_must(db):
+    messages_in_every_state(db)
+    before = live_rows(db)
+    assert db.execute("SELECT outbox_compact()").fetchone()[0] is None, "small tables, no horizon held back"
+    assert db.execute("SELECT outbox_compact(true, max_live_rows => 10)").fetchone()[0] is None, "too many live rows"
+
+    with connect() as consumer:  # a consumer inside its transaction holds a lock on outbox
+        consumer.execute("SELECT id FROM outbox_claim(1, '{compaction.kept}', lease => NULL)").fetchone()
+        started = time.monotonic()
+        assert db.execute("SELECT outbox_compact(force => true)").fetchone()[0] is None
+        assert time.monotonic() - started < 2, "it does not queue behind the consumer"
+        consumer.rollback()
+
+    db.execute("CREATE PUBLICATION compaction_cdc FOR TABLE outbox")
+    try:
+        assert db.execute("SELECT outbox_compact(force => true)").fetchone()[0] is None, "a subscriber would see it"
+    finally:
+        db.execute("DROP PUBLICATION compaction_cdc")
+    assert live_rows(db) == before
+
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="outbox_compact: max_live_rows"):
+        db.execute("SELECT outbox_compact(max_live_rows => -1)")
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="outbox_compact: force"):
+        db.execute("SELECT outbox_compact(NULL)")
+
+
+@pytest.mark.parametrize("compaction", ["on", "off"])
+def test_the_worker_gives_the_space_back_while_a_transaction_holds_vacuum_back(db, compaction):
+    configure_worker({"outbox.compaction": compaction})
+    try:
+        messages_in_every_state(db)
+        before = live_rows(db)
+        with connect() as holder:
+            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            holder.execute("SELECT count(*) FROM pg_class")  # takes a snapshot, then idles
+            held_since = time.monotonic()
+            churn(db, 4000)  # about 5 MB of versions no vacuum may remove while the holder stays
+            grown = hot_size(db)
+            assert grown > CLEAN, f"the churn left {grown} bytes"
+            if compaction == "on":
+                # Once the horizon has been held for 10 s, the worker compacts within a second or so.
+                eventually(lambda: hot_size(db) < CLEAN / 4, timeout=30, interval=0.5, what="the worker's compaction")
+            else:
+                time.sleep(max(0.0, held_since + 14 - time.monotonic()))
+                assert hot_size(db) >= grown, "outbox.compaction = off: the worker leaves the tables alone"
+            after = live_rows(db)
+            assert after[:2] == before[:2], [set(a) ^ set(b) for a, b in zip(after[:2], before[:2])]
+            holder.rollback()
+    finally:
+        reset_worker_settings()
