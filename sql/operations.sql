@@ -504,8 +504,11 @@ COMMENT ON FUNCTION outbox_archive(integer) IS
 -- copies them, empties both tables with TRUNCATE (which frees their files whatever the
 -- horizon) and writes them back, unchanged, in one transaction: a crash leaves the tables as
 -- they were. Returns how many rows it kept, or NULL when it did nothing (docs/storage.md):
---   - unless forced, when the tables are small (under 2 MB each) or no transaction of this
---     database has held the horizon back for 10 seconds (autovacuum keeps up then);
+--   - unless forced, when the tables are small (under 2 MB each), or under 8 MB while no
+--     transaction of this database has held the horizon back for 10 seconds (autovacuum
+--     keeps up then; over 8 MB, a horizon held back earlier left them so, perhaps by a
+--     session whose lock kept the compaction out), or more live rows than max_live_rows are
+--     counted in the statistics;
 --   - when either table is published for logical replication (a subscriber would see the rows
 --     emptied and inserted again);
 --   - when the lock is not granted within 20 ms (a session is using the tables: a consumer in
@@ -523,6 +526,8 @@ SET session_replication_role = replica
 AS $$
 DECLARE
     small_table CONSTANT bigint := 2 * 1024 * 1024;
+    large_table CONSTANT bigint := 8 * 1024 * 1024;
+    largest     bigint;
     held_back   CONSTANT interval := interval '10 seconds';
     messages    @extschema@.outbox[];
     deliveries  @extschema@.outbox_delivery[];
@@ -535,17 +540,22 @@ BEGIN
         RAISE EXCEPTION 'outbox_compact: max_live_rows must be between 0 and 1000000, got %', max_live_rows
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    largest := greatest(pg_relation_size('@extschema@.outbox'::regclass),
+                        pg_relation_size('@extschema@.outbox_delivery'::regclass));
     IF NOT force AND (
-           (pg_relation_size('@extschema@.outbox'::regclass) < small_table
-            AND pg_relation_size('@extschema@.outbox_delivery'::regclass) < small_table)
+           largest < small_table
+           -- (Counted before the lock: a large backlog is never locked up only to be counted.)
+        OR pg_stat_get_live_tuples('@extschema@.outbox'::regclass)
+           + pg_stat_get_live_tuples('@extschema@.outbox_delivery'::regclass) > max_live_rows
         -- (The horizon of a database's tables: its own sessions'. A vacuum elsewhere holds
         -- back no other vacuum.)
-        OR (NOT EXISTS (SELECT FROM pg_stat_activity a
-                         WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
-                           AND a.xact_start < clock_timestamp() - held_back
-                           AND a.datname = current_database()
-                           AND a.backend_type <> 'autovacuum worker'
-                           AND a.pid <> pg_backend_pid())
+        OR (largest < large_table
+            AND NOT EXISTS (SELECT FROM pg_stat_activity a
+                             WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+                               AND a.xact_start < clock_timestamp() - held_back
+                               AND a.datname = current_database()
+                               AND a.backend_type <> 'autovacuum worker'
+                               AND a.pid <> pg_backend_pid())
             AND NOT EXISTS (SELECT FROM pg_prepared_xacts p WHERE p.prepared < clock_timestamp() - held_back)))
     THEN
         RETURN NULL;
@@ -579,7 +589,7 @@ END
 $$;
 
 COMMENT ON FUNCTION outbox_compact(boolean, integer) IS
-'Gives outbox and outbox_delivery (not their histories) back the space of row versions vacuum may not remove yet: under an exclusive lock, copies the live rows, empties the tables with TRUNCATE and writes the rows back. Unless forced, only when a table is over 2 MB and a transaction has held the xmin horizon back for 10 s. Returns the rows kept, or NULL when it did nothing (small tables, a publication, the lock not granted within 20 ms, more than max_live_rows live rows). The delivery worker calls it every second.';
+'Gives outbox and outbox_delivery (not their histories) back the space of row versions vacuum may not remove yet: under an exclusive lock, copies the live rows, empties the tables with TRUNCATE and writes the rows back. Unless forced, only when a table is over 8 MB, or over 2 MB while a transaction has held the xmin horizon back for 10 s. Returns the rows kept, or NULL when it did nothing (small tables, a publication, the lock not granted within 20 ms, more than max_live_rows live rows). The delivery worker calls it every second.';
 
 -- purge: delete DONE rows (and DEAD ones, when asked) finished longer than older_than ago,
 -- at most max_rows of them, oldest first, with their deliveries. Bounded so no call holds its
