@@ -399,16 +399,21 @@ def archive_crashed(cluster, scale):
     committed (pg_ctl -m immediate): every message and delivery is in exactly one place. The
     worker is off meanwhile: its own moves would leave the scenario's transaction nothing to
     move (they did in a short run)."""
+    return without_worker(cluster, lambda: archive_crashed_without_worker(cluster, scale))
+
+
+def without_worker(cluster, scenario):
+    """scenario() on emptied tables with the delivery worker turned off (and on again after)."""
     reset(cluster)
     cluster.configure(**{"outbox.worker_enabled": "off"})
     try:
-        return archive_crashed_without_worker(cluster, scale)
+        time.sleep(1)  # (the worker applies a reload at its next poll)
+        return scenario()
     finally:
         cluster.configure(**{"outbox.worker_enabled": "on"})
 
 
 def archive_crashed_without_worker(cluster, scale):
-    time.sleep(1)  # (the worker applies a reload at its next poll)
     n = scale.purge_rows
     with cluster.connect() as conn:
         subscription = conn.execute("""INSERT INTO outbox_subscription (topic, url, enabled)
@@ -457,16 +462,10 @@ def compaction_crashed(cluster, scale):
     immediate; kill -9 of its backend), and right after one committed (pg_ctl -m immediate):
     every pending message and delivery is there exactly once, unchanged. The worker is off
     meanwhile, as for the archive."""
-    reset(cluster)
-    cluster.configure(**{"outbox.worker_enabled": "off"})
-    try:
-        return compaction_crashed_without_worker(cluster, scale)
-    finally:
-        cluster.configure(**{"outbox.worker_enabled": "on"})
+    return without_worker(cluster, lambda: compaction_crashed_without_worker(cluster, scale))
 
 
 def compaction_crashed_without_worker(cluster, scale):
-    time.sleep(1)  # (the worker applies a reload at its next poll)
     n = scale.purge_rows // 4
     with cluster.connect() as conn:
         subscription = conn.execute("""INSERT INTO outbox_subscription (topic, url, enabled)
