@@ -531,6 +531,7 @@ DECLARE
     held_back   CONSTANT interval := interval '10 seconds';
     messages    @extschema@.outbox[];
     deliveries  @extschema@.outbox_delivery[];
+    kept        bigint;
 BEGIN
     IF force IS NULL THEN
         RAISE EXCEPTION 'outbox_compact: force must not be NULL'
@@ -578,13 +579,14 @@ BEGIN
       FROM (SELECT o FROM ONLY @extschema@.outbox o LIMIT max_live_rows + 1) o;
     SELECT array_agg(d) INTO deliveries
       FROM (SELECT d FROM ONLY @extschema@.outbox_delivery d LIMIT max_live_rows + 1) d;
-    IF coalesce(cardinality(messages), 0) + coalesce(cardinality(deliveries), 0) > max_live_rows THEN
+    kept := coalesce(cardinality(messages), 0) + coalesce(cardinality(deliveries), 0);
+    IF kept > max_live_rows THEN
         RETURN NULL;
     END IF;
     TRUNCATE ONLY @extschema@.outbox, @extschema@.outbox_delivery;
     INSERT INTO @extschema@.outbox SELECT * FROM unnest(messages);
     INSERT INTO @extschema@.outbox_delivery SELECT * FROM unnest(deliveries);
-    RETURN coalesce(cardinality(messages), 0) + coalesce(cardinality(deliveries), 0);
+    RETURN kept;
 END
 $$;
 

@@ -50,10 +50,9 @@ impl Housekeeping {
     /// Moves DONE messages to the history, at most once a second, in transactions of bounded
     /// size; stops early when `stop` says so.
     pub fn archive_if_due(&mut self, schema: pg_sys::Oid, stop: impl Fn() -> bool) {
-        if self.last_archive.is_some_and(|at| at.elapsed() < ARCHIVE_INTERVAL) {
+        if !due(&mut self.last_archive, ARCHIVE_INTERVAL) {
             return;
         }
-        self.last_archive = Some(Instant::now());
         let batches = Batches { what: "moving DONE messages to the history", count: ARCHIVE_BATCHES_PER_PASS, rows: ARCHIVE_BATCH_ROWS };
         batches.run(&ARCHIVE, schema, Vec::new, stop);
     }
@@ -61,17 +60,10 @@ impl Housekeeping {
     /// Compacts the hot tables when `outbox_compact` finds it worth it (a held-back horizon has
     /// left them large), at most once a second, in a transaction of its own.
     pub fn compact_if_due(&mut self, schema: pg_sys::Oid) {
-        if self.last_compact.is_some_and(|at| at.elapsed() < COMPACT_INTERVAL) {
+        if !due(&mut self.last_compact, COMPACT_INTERVAL) {
             return;
         }
-        self.last_compact = Some(Instant::now());
-        let kept = session::transaction(|| {
-            let mut spi = Spi::connect();
-            let kept: Option<i64> = spi.execute(&COMPACT, schema, &[]).get(0, 1);
-            spi.finish();
-            kept
-        });
-        match kept {
+        match count_in_transaction(&COMPACT, schema, Vec::new) {
             Ok(Some(kept)) => pgrx::debug1!("outbox_ext: compacted the hot tables, {kept} live row(s) kept"),
             Ok(None) => {}
             Err(failure) => pgrx::warning!("outbox_ext: compacting the hot tables failed: {failure}"),
@@ -83,10 +75,9 @@ impl Housekeeping {
     pub fn purge_if_due(&mut self, schema: pg_sys::Oid, retention: Option<Duration>, stop: impl Fn() -> bool) {
         let Some(retention) = retention else { return };
         let interval = PURGE_INTERVAL.min(retention.max(Duration::from_secs(1)));
-        if self.last_purge.is_some_and(|at| at.elapsed() < interval) {
+        if !due(&mut self.last_purge, interval) {
             return;
         }
-        self.last_purge = Some(Instant::now());
         let older_than = interval::from_duration(retention);
         let batches = Batches { what: "purging DONE messages", count: PURGE_BATCHES_PER_PASS, rows: PURGE_BATCH_ROWS };
         let purged_total = batches.run(&PURGE, schema, || vec![older_than.into_datum()], stop);
@@ -97,10 +88,9 @@ impl Housekeeping {
 
     /// Warns about topics with pending messages but no subscription (in a transaction).
     pub fn warn_about_unsubscribed_topics(&mut self, spi: &mut Spi, schema: pg_sys::Oid, subscribed: &[String]) {
-        if self.last_unsubscribed_check.is_some_and(|at| at.elapsed() < UNSUBSCRIBED_CHECK_INTERVAL) {
+        if !due(&mut self.last_unsubscribed_check, UNSUBSCRIBED_CHECK_INTERVAL) {
             return;
         }
-        self.last_unsubscribed_check = Some(Instant::now());
         let rows = spi.execute(&UNSUBSCRIBED_TOPICS, schema, &[subscribed.to_vec().into_datum()]);
         let orphans: Vec<(String, i64)> =
             (0..rows.len()).map(|row| (rows.get_text(row, 1).unwrap_or_default(), rows.get(row, 2).unwrap_or(0))).collect();
@@ -116,6 +106,31 @@ impl Housekeeping {
             self.warned_about_topic.insert(topic, Instant::now());
         }
     }
+}
+
+/// Whether a step last run at `last` is due again after `interval`; if so, `last` becomes now.
+fn due(last: &mut Option<Instant>, interval: Duration) -> bool {
+    if last.is_some_and(|at| at.elapsed() < interval) {
+        return false;
+    }
+    *last = Some(Instant::now());
+    true
+}
+
+/// Runs `statement` in a transaction of its own, with the `arguments` made inside it (their
+/// memory is the transaction's), and returns its one value: a count, or NULL.
+fn count_in_transaction(
+    statement: &'static Statement,
+    schema: pg_sys::Oid,
+    arguments: impl FnOnce() -> Vec<Option<pg_sys::Datum>>,
+) -> Result<Option<i64>, session::Failure> {
+    session::transaction(|| {
+        let arguments = arguments();
+        let mut spi = Spi::connect();
+        let count: Option<i64> = spi.execute(statement, schema, &arguments).get(0, 1);
+        spi.finish();
+        count
+    })
 }
 
 /// A pass of housekeeping in batches: a statement whose last parameter is the most rows it may
@@ -140,16 +155,14 @@ impl Batches {
     ) -> i64 {
         let mut total = 0;
         for _ in 0..self.count {
-            let batch = session::transaction(|| {
+            let arguments = || {
                 let mut arguments = leading();
                 arguments.push(self.rows.into_datum());
-                let mut spi = Spi::connect();
-                let handled: i64 = spi.execute(statement, schema, &arguments).get(0, 1).unwrap_or(0);
-                spi.finish();
-                handled
-            });
-            match batch {
+                arguments
+            };
+            match count_in_transaction(statement, schema, arguments) {
                 Ok(handled) => {
+                    let handled = handled.unwrap_or(0);
                     total += handled;
                     if handled < i64::from(self.rows) || stop() {
                         break;
@@ -162,5 +175,19 @@ impl Batches {
             }
         }
         total
+    }
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::due;
+    use std::time::Duration;
+
+    #[test]
+    fn a_step_is_due_at_first_then_once_per_interval() {
+        let mut last = None;
+        assert!(due(&mut last, Duration::from_secs(60)), "never run: due");
+        assert!(!due(&mut last, Duration::from_secs(60)), "just run: not due");
+        assert!(due(&mut last, Duration::ZERO), "its interval past: due again");
     }
 }
