@@ -40,6 +40,10 @@ $keep_grants$;
 -- What changes 0.5.7's objects on the way to 0.5.8 (the rest of the update script comes from
 -- the sources, run again: see scripts/make-upgrade-script.sh).
 
+-- outbox_worker_status() gains the worker's compactions (compactions, last_compaction_at): a new
+-- result type, so it is made again (sql/operations.sql); the users' grants on it are kept.
+DROP FUNCTION outbox_worker_status();
+
 -- ======== sql/schema.sql, what is new in 0.5.8 ========
 -- ======== new in 0.5.8 (scripts/make-upgrade-script.sh copies from here to the end) ========
 
@@ -969,6 +973,7 @@ DECLARE
     messages    @extschema@.outbox[];
     deliveries  @extschema@.outbox_delivery[];
     kept        bigint;
+    size_before bigint;
 BEGIN
     IF force IS NULL THEN
         RAISE EXCEPTION 'outbox_compact: force must not be NULL'
@@ -1020,9 +1025,17 @@ BEGIN
     IF kept > max_live_rows THEN
         RETURN NULL;
     END IF;
+    size_before := pg_total_relation_size('@extschema@.outbox'::regclass)
+                 + pg_total_relation_size('@extschema@.outbox_delivery'::regclass);
     TRUNCATE ONLY @extschema@.outbox, @extschema@.outbox_delivery;
     INSERT INTO @extschema@.outbox SELECT * FROM unnest(messages);
     INSERT INTO @extschema@.outbox_delivery SELECT * FROM unnest(deliveries);
+    -- (An event worth the server log, as autovacuum's are: an exclusive lock and a new file.)
+    RAISE LOG 'outbox_compact: compacted outbox and outbox_delivery from % to % (% live rows kept)',
+        pg_size_pretty(size_before),
+        pg_size_pretty(pg_total_relation_size('@extschema@.outbox'::regclass)
+                       + pg_total_relation_size('@extschema@.outbox_delivery'::regclass)),
+        kept;
     RETURN kept;
 END
 $$;
@@ -1281,7 +1294,9 @@ CREATE OR REPLACE FUNCTION outbox_worker_status() RETURNS TABLE (
     last_poll_at timestamptz,
     in_flight    integer,       -- HTTP requests in flight now
     delivered    bigint,        -- since the worker started
-    failed       bigint
+    failed       bigint,
+    compactions  bigint,        -- of the hot tables (outbox_compact), since the worker started
+    last_compaction_at timestamptz
 )
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'outbox_worker_status_wrapper';

@@ -58,15 +58,18 @@ impl Housekeeping {
     }
 
     /// Compacts the hot tables when `outbox_compact` finds it worth it (a held-back horizon has
-    /// left them large), at most once a second, in a transaction of its own.
-    pub fn compact_if_due(&mut self, schema: pg_sys::Oid) {
+    /// left them large), at most once a second, in a transaction of its own. Whether it did
+    /// (the function itself logs what it did).
+    pub fn compact_if_due(&mut self, schema: pg_sys::Oid) -> bool {
         if !due(&mut self.last_compact, COMPACT_INTERVAL) {
-            return;
+            return false;
         }
         match count_in_transaction(&COMPACT, schema, Vec::new) {
-            Ok(Some(kept)) => pgrx::debug1!("outbox_ext: compacted the hot tables, {kept} live row(s) kept"),
-            Ok(None) => {}
-            Err(failure) => pgrx::warning!("outbox_ext: compacting the hot tables failed: {failure}"),
+            Ok(kept) => kept.is_some(),
+            Err(failure) => {
+                pgrx::warning!("outbox_ext: compacting the hot tables failed: {failure}");
+                false
+            }
         }
     }
 

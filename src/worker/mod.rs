@@ -254,8 +254,11 @@ impl Worker {
                 let slot = self.slot;
                 let stop = || registry::must_leave_now(slot) || shutdown_requested();
                 self.housekeeping.archive_if_due(schema, stop);
-                if self.settings.compaction {
-                    self.housekeeping.compact_if_due(schema);
+                if self.settings.compaction && self.housekeeping.compact_if_due(schema) {
+                    registry::update(slot, |s| {
+                        s.compactions += 1;
+                        s.last_compaction_at = crate::backend::now();
+                    });
                 }
                 self.housekeeping.purge_if_due(schema, self.settings.retention, stop);
             }
@@ -441,7 +444,8 @@ sql_function!(outbox_wake_worker_at_commit_wrapper, pg_finfo_outbox_wake_worker_
 });
 
 // outbox_worker_status() RETURNS TABLE (database, pid, state, started_at, last_poll_at,
-// in_flight, delivered, failed): the delivery workers, and the databases waiting for one.
+// in_flight, delivered, failed, compactions, last_compaction_at): the delivery workers, and the
+// databases waiting for one.
 sql_function!(outbox_worker_status_wrapper, pg_finfo_outbox_worker_status_wrapper, |args| {
     let mut result = SetResult::begin(&args);
     for row in registry::status() {
@@ -456,6 +460,8 @@ sql_function!(outbox_worker_status_wrapper, pg_finfo_outbox_worker_status_wrappe
             row.in_flight.into_datum(),
             row.delivered.into_datum(),
             row.failed.into_datum(),
+            row.compactions.into_datum(),
+            timestamp(row.last_compaction_at),
         ]);
     }
     result.finish()

@@ -82,6 +82,9 @@ pub struct Slot {
     pub in_flight: i32,
     pub delivered: i64,
     pub failed: i64,
+    /// The worker's compactions of the hot tables (outbox_compact that did something).
+    pub compactions: i64,
+    pub last_compaction_at: pg_sys::TimestampTz,
     pub state: WorkerState,
     /// Set by another process: leave at once, abandoning what is in flight.
     pub leave_now: bool,
@@ -418,6 +421,8 @@ pub struct StatusRow {
     pub in_flight: i32,
     pub delivered: i64,
     pub failed: i64,
+    pub compactions: i64,
+    pub last_compaction_at: Option<pg_sys::TimestampTz>,
 }
 
 pub fn status() -> Vec<StatusRow> {
@@ -435,6 +440,8 @@ pub fn status() -> Vec<StatusRow> {
         in_flight: s.in_flight,
         delivered: s.delivered,
         failed: s.failed,
+        compactions: s.compactions,
+        last_compaction_at: nonzero(s.last_compaction_at),
     });
     let waiting = registry.waiting[..registry.waiting_count].iter().map(|w| StatusRow {
         database_oid: w.database_oid,
@@ -448,6 +455,8 @@ pub fn status() -> Vec<StatusRow> {
         in_flight: 0,
         delivered: 0,
         failed: 0,
+        compactions: 0,
+        last_compaction_at: None,
     });
     running.chain(waiting).collect()
 }

@@ -2,17 +2,20 @@
 claim and completion leaves a row version no vacuum may remove, and outbox grows with the
 traffic. outbox_compact empties outbox and outbox_delivery with TRUNCATE and writes their few
 live rows back; the delivery worker calls it every second (docs/storage.md)."""
+import re
 import time
 
 import psycopg
 import pytest
 
 from conftest import configure_worker, connect, reset_worker_settings
-from support import disabled_endpoint, eventually
+from support import ServerLog, disabled_endpoint, eventually
 
 CLEAN = 2 * 1024 * 1024  # below this, outbox_compact leaves the tables alone unless forced
 LARGE = 8 * 1024 * 1024  # above this, it compacts them even with no horizon held back
 PAYLOAD = "x" * 1000
+# What every compaction writes to the server log (LOG), whoever called it.
+COMPACTED = re.compile(r"outbox_compact: compacted outbox and outbox_delivery from \d+ \w+ to \d+ \w+ \((\d+) live rows kept\)")
 
 
 def hot_size(conn):
@@ -29,6 +32,12 @@ def churn(conn, messages):
             done = conn.execute("SELECT count(*) FILTER (WHERE outbox_complete(id)) "
                                 "FROM outbox_claim(500, '{compaction.churn}', lease => NULL)").fetchone()[0]
             assert done == 500
+
+
+def worker_compactions(conn):
+    """(compactions, last_compaction_at) of the database's delivery worker."""
+    return conn.execute("SELECT compactions, last_compaction_at FROM outbox_worker_status() "
+                        "WHERE database = current_database() AND pid IS NOT NULL").fetchone()
 
 
 def live_rows(conn):
@@ -64,10 +73,12 @@ def test_compaction_writes_every_live_row_back_unchanged_and_the_api_goes_on(db)
     leased_id, token = messages_in_every_state(db)
     churn(db, 2000)  # (history too: outbox_complete moved them to their day's table)
     before = live_rows(db)
+    log = ServerLog()
 
     kept = db.execute("SELECT outbox_compact(force => true)").fetchone()[0]
 
     assert kept == len(before[0]) + len(before[1]), "returns how many rows it wrote back"
+    assert [int(n) for n in COMPACTED.findall(log.since())] == [kept], "the server log says what it did"
     assert live_rows(db) == before, "every message and delivery whole, the history untouched"
     assert hot_size(db) < 64 * 1024, "the space of the dead versions is given back"
     # The indexes were rebuilt with the tables: the lease, the key order and the dedupe key hold.
@@ -84,6 +95,7 @@ def test_compaction_writes_every_live_row_back_unchanged_and_the_api_goes_on(db)
 def test_compaction_leaves_the_tables_alone_when_it_must(db):
     messages_in_every_state(db)
     before = live_rows(db)
+    log = ServerLog()
     assert db.execute("SELECT outbox_compact()").fetchone()[0] is None, "small tables, no horizon held back"
     assert db.execute("SELECT outbox_compact(true, max_live_rows => 10)").fetchone()[0] is None, "too many live rows"
 
@@ -100,6 +112,7 @@ def test_compaction_leaves_the_tables_alone_when_it_must(db):
     finally:
         db.execute("DROP PUBLICATION compaction_cdc")
     assert live_rows(db) == before
+    assert not COMPACTED.search(log.since()), "nothing logged when nothing was done"
 
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="outbox_compact: max_live_rows"):
         db.execute("SELECT outbox_compact(max_live_rows => -1)")
@@ -115,6 +128,8 @@ def test_the_worker_gives_the_space_back_while_a_transaction_holds_vacuum_back(d
     configure_worker({"outbox.compaction": compaction})
     try:
         messages_in_every_state(db)
+        compactions_before, _ = worker_compactions(db)
+        started = db.execute("SELECT now()").fetchone()[0]
         with connect() as holder:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             holder.execute("SELECT count(*) FROM outbox" if holder_reads_outbox else "SELECT count(*) FROM pg_class")
@@ -143,5 +158,11 @@ def test_the_worker_gives_the_space_back_while_a_transaction_holds_vacuum_back(d
                 assert hot_size(db) >= grown, "outbox.compaction = off: the worker leaves the tables alone"
         after = live_rows(db)
         assert after[:2] == before[:2], [set(a) ^ set(b) for a, b in zip(after[:2], before[:2])]
+        # outbox_worker_status() shows the worker's compactions.
+        compactions, last_compaction_at = worker_compactions(db)
+        if compaction == "on":
+            assert compactions > compactions_before and last_compaction_at > started
+        else:
+            assert compactions == compactions_before
     finally:
         reset_worker_settings()

@@ -4,6 +4,8 @@ They reach the scratch cluster through the libpq environment (PGHOST, PGPORT, PG
 scripts/test.sh, tests/reliability/run.py and bench/bench.py set up.
 """
 
+import os
+import pathlib
 import time
 
 import psycopg
@@ -99,3 +101,16 @@ def disabled_endpoint(conn, topic="history.test"):
         """INSERT INTO outbox_subscription (topic, url, enabled) VALUES (%s, 'http://127.0.0.1:9/', false)
            ON CONFLICT (topic, url) DO UPDATE SET enabled = false RETURNING id""", (topic,)
     ).fetchone()[0]
+
+
+class ServerLog:
+    """What the test cluster's server log (OUTBOX_TEST_SERVER_LOG) gains from now on."""
+
+    def __init__(self):
+        self.path = pathlib.Path(os.environ["OUTBOX_TEST_SERVER_LOG"])
+        self.start = self.path.stat().st_size
+
+    def since(self) -> str:
+        with self.path.open("rb") as log:
+            log.seek(self.start)
+            return log.read().decode(errors="replace")
