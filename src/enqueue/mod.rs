@@ -15,6 +15,8 @@ use crate::{interval, ordering, subscriptions, text, topic, worker};
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::cmp::Ordering;
 
+mod direct_insert;
+
 /// dedupe_key's limit, in characters.
 pub const MAX_DEDUPE_KEY_CHARS: usize = 255;
 
@@ -36,6 +38,14 @@ fn checked_delay(function: &'static str, args: &Args, n: usize) -> pg_sys::Datum
         raise(OutboxError::invalid(function, "delay", format!("must not be negative, got {shown}")));
     }
     args.datum(n).expect("not NULL")
+}
+
+/// When a message enqueued now with `delay` becomes due: `clock_timestamp() + delay`, as the
+/// INSERT statements compute it.
+fn available_at(delay: pg_sys::Datum) -> pg_sys::Datum {
+    let now = pg_sys::Datum::from(crate::backend::now());
+    // SAFETY: timestamptz + interval, both not NULL (`delay` was checked).
+    unsafe { pgrx::direct_function_call(pg_sys::timestamptz_pl_interval, &[Some(now), Some(delay)]) }.expect("a timestamp")
 }
 
 /// A `dedupe_key` or `ordering_key` argument: NULL for none, else not empty and at most 255
@@ -101,6 +111,21 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     worker::wake_at_commit(&topic);
 
     let schema = schema_of_function(args.fcinfo());
+    // Without keys there is nothing to look up: the row is written without a plan
+    // (direct_insert), or by insert.sql when the table has triggers.
+    if args.is_null(3) && args.is_null(4) {
+        let mut columns = vec![
+            ("topic", args.datum(0).expect("not NULL")),
+            ("payload", args.datum(1).expect("not NULL")),
+            ("available_at", available_at(delay)),
+        ];
+        if let Some(headers) = args.datum(5) {
+            columns.push(("headers", headers));
+        }
+        if let Some(message) = direct_insert::insert(schema, &columns) {
+            return message;
+        }
+    }
     let mut spi = Spi::connect();
     let arguments = [args.datum(0), args.datum(1), Some(delay), args.datum(5), args.datum(3), args.datum(4)];
     if let Some(ordering_key) = args.datum(4) {
