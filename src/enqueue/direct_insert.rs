@@ -1,8 +1,8 @@
 //! The plain enqueue (no `dedupe_key`, no `ordering_key`) writes its row without a plan, the way
 //! logical replication's apply worker writes the rows it receives (`ExecSimpleRelationInsert`):
 //! the table's own column defaults, NOT NULL checks and indexes, without a statement's executor
-//! start and end around one row. Through a kept SPI plan those were a sixth of an enqueue's
-//! time (`bench/README.md`, 0.5.8).
+//! start and end around one row. With a kept SPI plan instead, an enqueue did 0.82 of the
+//! essay's hand-written INSERT; this way, 0.96 – 1.10 (`bench/README.md`, 0.5.8).
 //!
 //! Two things PostgreSQL would otherwise parse and compile again for every row are kept for
 //! the session: the column defaults (from `pg_attrdef`'s text) and the predicates of the partial

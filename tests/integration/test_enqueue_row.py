@@ -3,7 +3,12 @@ the table's own defaults and indexes and what it keeps of them for the session
 (src/enqueue/direct_insert.rs). It must be the row an INSERT would write, follow changes to the
 table made while the session lives, and leave the indexes agreeing with the table."""
 import datetime
+import json
+import secrets
 import uuid
+
+import psycopg
+import pytest
 
 from conftest import connect
 
@@ -46,6 +51,11 @@ def test_a_plain_enqueue_writes_the_row_an_insert_would(db):
     assert started[1] <= first["available_at"] < started[1] + datetime.timedelta(seconds=5)
     assert later["headers"] == {"trace": "t-1"}
     assert later["available_at"] - first["available_at"] >= datetime.timedelta(hours=1), "delay"
+
+    # A payload large enough to be stored out of line comes back whole.
+    large = {"blob": secrets.token_hex(100_000)}
+    returned, stored = enqueue_row(db, "direct.large", json.dumps(large))
+    assert returned["payload"] == stored["payload"] == large
 
     # The rows go on through their life; the indexes hold every row their predicates admit.
     claimed = db.execute("SELECT id FROM outbox_claim(10, '{direct.plain}', lease => NULL)").fetchall()
@@ -101,3 +111,17 @@ def test_a_table_with_triggers_is_written_as_by_an_insert(db):
     _, stored = enqueue_row(db, "direct.untriggered", "{}")
     assert stored["last_error"] is None
     assert db.execute("SELECT count(*) FROM direct_trigger_log").fetchone()[0] == 2
+
+
+def test_a_row_the_table_refuses_is_an_error_and_the_session_goes_on(db):
+    """A constraint of a superuser's own refuses the row: the enqueue fails with its SQLSTATE,
+    writes nothing, and the session's next enqueue works."""
+    db.execute("ALTER TABLE outbox ADD CONSTRAINT direct_refused CHECK (topic <> 'direct.refused')")
+    with connect(autocommit=True) as producer:
+        enqueue_row(producer, "direct.accepted", "{}")
+        with pytest.raises(psycopg.errors.CheckViolation, match="direct_refused"):
+            producer.execute("SELECT outbox_enqueue('direct.refused', '{}')")
+        returned, stored = enqueue_row(producer, "direct.accepted", "{}")
+        assert returned == stored
+    assert db.execute("SELECT count(*) FROM outbox WHERE topic = 'direct.refused'").fetchone()[0] == 0
+    assert indexes_agree_with_the_table(db) == 10
