@@ -117,8 +117,9 @@ AS 'MODULE_PATHNAME', 'outbox_wake_worker_at_commit_wrapper';
 --
 -- They are C functions (src/enqueue, src/claim, src/complete, src/fail) with statements planned
 -- once per session; outbox_enqueue without keys writes its row with no statement at all, as
--- logical replication does (src/enqueue/direct_insert.rs). They run with the extension owner's rights (SECURITY DEFINER), so a role
--- granted outbox_producer or outbox_consumer needs no rights on the table (sql/privileges.sql).
+-- logical replication does (src/enqueue/direct_insert.rs). They run with the extension owner's
+-- rights (SECURITY DEFINER), so a role granted outbox_producer or outbox_consumer needs no
+-- rights on the table (sql/privileges.sql).
 -- They have no SET search_path (that clause alone costs a save and restore per call): their
 -- statements name every schema, function and operator in full instead, so nothing a caller
 -- puts on its search_path can stand in for them. Arguments are checked before anything is

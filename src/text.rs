@@ -61,8 +61,8 @@ pub fn to_datum(text: &str) -> pg_sys::Datum {
         owned = escape_non_ascii(text);
         &owned
     };
-    // SAFETY: copies `text.len()` bytes into a palloc'd text value.
-    unsafe { pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(text.as_ptr().cast(), text.len() as i32)) }
+    // (A copy of the bytes into a palloc'd text value, as cstring_to_text_with_len makes.)
+    pgrx::datum::IntoDatum::into_datum(text).expect("a text value")
 }
 
 /// How many characters the bytes of a server-encoded string hold.

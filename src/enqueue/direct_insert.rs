@@ -5,10 +5,11 @@
 //! essay's hand-written INSERT; this way, 0.96 – 1.10 (`bench/README.md`, 0.5.8).
 //!
 //! Two things PostgreSQL would otherwise parse and compile again for every row are kept for
-//! the session: the column defaults (from `pg_attrdef`'s text) and the predicates of the partial
-//! indexes. They are dropped whenever the relcache says the table or one of its indexes changed
-//! (`ALTER TABLE … SET DEFAULT`, `CREATE INDEX`, and vacuum's statistics too, which is rare
-//! enough). A table with triggers or row-level security is written with the INSERT statement
+//! the session: the column defaults (from `pg_attrdef`'s text), planned, and the predicates of
+//! the partial indexes, compiled. They are dropped whenever the relcache says the table or one
+//! of its indexes changed (`ALTER TABLE … SET DEFAULT`, `CREATE INDEX`, and vacuum's statistics
+//! too, which is rare enough) and, as the plan cache does, whenever a function or a type
+//! changes. A table with triggers or row-level security is written with the INSERT statement
 //! instead, so that they act as for any INSERT.
 
 use pgrx::pg_sys;
@@ -83,7 +84,17 @@ unsafe fn relations(relation: pg_sys::Relation, target: *mut pg_sys::ResultRelIn
 unsafe fn current(kept: &mut Option<Kept>, relations: Vec<pg_sys::Oid>) -> &mut Kept {
     let same_relations = WATCHED.with(|watched| *watched.borrow() == relations);
     if kept.is_none() || STALE.get() || !same_relations {
-        register_invalidation_callback();
+        // (Once per process: a callback lives as long as the process.)
+        thread_local!(static REGISTERED: Cell<bool> = const { Cell::new(false) });
+        if !REGISTERED.replace(true) {
+            pg_sys::CacheRegisterRelcacheCallback(Some(relation_changed), pg_sys::Datum::from(0));
+            // Planning a default fills in its functions' default arguments and inlines SQL
+            // functions: as PostgreSQL's plan cache does, forget it when any function or type
+            // changes.
+            for catalog in [pg_sys::SysCacheIdentifier::PROCOID, pg_sys::SysCacheIdentifier::TYPEOID] {
+                pg_sys::CacheRegisterSyscacheCallback(catalog as i32, Some(catalog_changed), pg_sys::Datum::from(0));
+            }
+        }
         let context = match kept.take() {
             Some(old) => {
                 pg_sys::MemoryContextReset(old.context);
@@ -170,13 +181,9 @@ unsafe fn row_slot(
     slot
 }
 
-fn register_invalidation_callback() {
-    thread_local!(static REGISTERED: Cell<bool> = const { Cell::new(false) });
-    if !REGISTERED.get() {
-        // SAFETY: registers a callback that lives as long as the process.
-        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relation_changed), pg_sys::Datum::from(0)) };
-        REGISTERED.set(true);
-    }
+/// The syscache callback: a function or a type changed.
+unsafe extern "C-unwind" fn catalog_changed(_argument: pg_sys::Datum, _catalog: std::ffi::c_int, _hash: u32) {
+    STALE.set(true);
 }
 
 /// The relcache callback: `relation` changed (`InvalidOid`: any may have). It runs while other

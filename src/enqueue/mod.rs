@@ -42,10 +42,9 @@ fn checked_delay(function: &'static str, args: &Args, n: usize) -> pg_sys::Datum
 
 /// When a message enqueued now with `delay` becomes due: `clock_timestamp() + delay`, as the
 /// INSERT statements compute it.
-fn available_at(delay: pg_sys::Datum) -> pg_sys::Datum {
-    let now = pg_sys::Datum::from(crate::backend::now());
-    // SAFETY: timestamptz + interval, both not NULL (`delay` was checked).
-    unsafe { pgrx::direct_function_call(pg_sys::timestamptz_pl_interval, &[Some(now), Some(delay)]) }.expect("a timestamp")
+fn available_at(delay: pgrx::datum::Interval) -> pg_sys::Datum {
+    use pgrx::datum::IntoDatum;
+    (pgrx::datum::clock_timestamp() + delay).into_datum().expect("a timestamp")
 }
 
 /// A `dedupe_key` or `ordering_key` argument: NULL for none, else not empty and at most 255
@@ -117,7 +116,7 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
         let mut columns = vec![
             ("topic", args.datum(0).expect("not NULL")),
             ("payload", args.datum(1).expect("not NULL")),
-            ("available_at", available_at(delay)),
+            ("available_at", available_at(args.interval(2).expect("checked"))),
         ];
         if let Some(headers) = args.datum(5) {
             columns.push(("headers", headers));

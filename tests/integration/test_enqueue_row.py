@@ -78,6 +78,16 @@ def test_the_session_follows_changes_to_the_table_made_while_it_lives(db):
         _, stored = enqueue_row(producer, "direct.after", "{}")
         assert stored["last_error"] == "from the new default"
 
+        # A default that calls a SQL function follows the function when it is replaced (the
+        # table does not change: nothing but the function's own definition says so).
+        db.execute("CREATE OR REPLACE FUNCTION direct_default() RETURNS text LANGUAGE sql AS $$ SELECT 'first' $$")
+        db.execute("ALTER TABLE outbox ALTER COLUMN last_error SET DEFAULT direct_default()")
+        _, stored = enqueue_row(producer, "direct.after", "{}")
+        assert stored["last_error"] == "first"
+        db.execute("CREATE OR REPLACE FUNCTION direct_default() RETURNS text LANGUAGE sql AS $$ SELECT 'second' $$")
+        _, stored = enqueue_row(producer, "direct.after", "{}")
+        assert stored["last_error"] == "second"
+
         db.execute("CREATE INDEX outbox_direct_test_idx ON outbox (id) WHERE topic = 'direct.indexed'")
         enqueue_row(producer, "direct.indexed", "{}")
         assert indexes_agree_with_the_table(db) == 11, "the new index has the new row"
