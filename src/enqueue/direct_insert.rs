@@ -2,7 +2,7 @@
 //! logical replication's apply worker writes the rows it receives (`ExecSimpleRelationInsert`):
 //! the table's own column defaults, NOT NULL checks and indexes, without a statement's executor
 //! start and end around one row. With a kept SPI plan instead, an enqueue did 0.82 of the
-//! essay's hand-written INSERT; this way, 0.96 – 1.10 (`bench/README.md`, 0.5.8).
+//! essay's hand-written INSERT; this way, 0.96 – 1.10 in three runs (`bench/README.md`, 0.5.8).
 //!
 //! Two things PostgreSQL would otherwise parse and compile again for every row are kept for
 //! the session: the column defaults (from `pg_attrdef`'s text), planned, and the predicates of
