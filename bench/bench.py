@@ -813,14 +813,14 @@ def ordering(cluster, s):
     """8. Ordering keys: enqueue with a key (one of 1,000) against without, 8 clients; the drain
     (4 consumers × 100, with leases) of a backlog whose messages have 1,000 keys, and one key,
     against the same backlog without keys. Rounds alternate the order of the variants."""
-    enqueue = {"plain": [], "keyed": []}
+    scripts = {"plain": "enqueue_outbox.sql", "keyed": "enqueue_outbox_keyed.sql", "keyed_in_sql": "enqueue_outbox_keyed_in_sql.sql"}
+    enqueue = {name: [] for name in scripts}
     for round_ in range(s.enqueue_rounds):
-        for name in (("plain", "keyed") if round_ % 2 == 0 else ("keyed", "plain")):
+        for name in (list(scripts) if round_ % 2 == 0 else list(scripts)[::-1]):
             with cluster.connect() as conn:
                 truncate(conn, "outbox")
                 conn.execute("CHECKPOINT")
-            script = "enqueue_outbox.sql" if name == "plain" else "enqueue_outbox_keyed.sql"
-            enqueue[name].append(pgbench(script, 8, s.enqueue_seconds)[0])
+            enqueue[name].append(pgbench(scripts[name], 8, s.enqueue_seconds)[0])
     variants = (("no keys", None), ("1,000 keys", 1000), ("1 key", 1))
     drained = {name: [] for name, _ in variants}
     with cluster.connect() as conn:
@@ -846,6 +846,8 @@ def ordering(cluster, s):
     return {
         "enqueue_per_s": enqueue_rates["plain"], "enqueue_keyed_per_s": enqueue_rates["keyed"],
         "enqueue_ratio": enqueue_rates["keyed"] / enqueue_rates["plain"],
+        "enqueue_keyed_in_sql_per_s": enqueue_rates["keyed_in_sql"],
+        "enqueue_in_sql_ratio": enqueue_rates["keyed_in_sql"] / enqueue_rates["plain"],
         "drain": [{"keys": name, "per_s": rate, "ratio": rate / drain_rates["no keys"]} for name, rate in drain_rates.items()],
     }
 
@@ -1169,7 +1171,8 @@ def report(results, s, path_md, path_png):
         "## 8. Ordering keys",
         "",
         f"Enqueue, 8 clients: without a key {o['enqueue_per_s']:.0f} msg/s, with one of 1,000 keys "
-        f"{o['enqueue_keyed_per_s']:.0f} msg/s: **{o['enqueue_ratio']:.2f}** (goal ≥ 0.9).",
+        f"{o['enqueue_keyed_per_s']:.0f} msg/s: **{o['enqueue_ratio']:.2f}** (goal ≥ 0.9); with the key built in the "
+        f"statement (`'booking:' || n`, as until 0.5.9) {o['enqueue_keyed_in_sql_per_s']:.0f} msg/s: {o['enqueue_in_sql_ratio']:.2f}.",
         "",
         f"Drain of a backlog of {s.drain_backlog:,}, 4 consumers × 100, with leases (goal with 1,000 keys: ≥ 0.8 of no keys):",
         "",

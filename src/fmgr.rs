@@ -105,14 +105,12 @@ impl Args {
         Some(unsafe { crate::array::text_elements(datum) })
     }
 
-    /// The number of dimensions of array argument `n` and whether it holds a NULL.
-    pub fn array_shape(&self, n: usize) -> Option<(i32, bool)> {
+    /// A `jsonb[]` argument's elements (an element `None` when NULL), with its number of
+    /// dimensions.
+    pub fn jsonb_array(&self, n: usize) -> Option<(Vec<Option<pg_sys::Datum>>, i32)> {
         let datum = self.datum(n)?;
-        // SAFETY: the argument is declared as an array type.
-        unsafe {
-            let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
-            Some(((*array).ndim, pg_sys::array_contains_nulls(array)))
-        }
+        // SAFETY: the argument is declared jsonb[].
+        Some(unsafe { crate::array::varlena_elements(datum, pg_sys::JSONBOID) })
     }
 }
 

@@ -1,17 +1,25 @@
-//! The plain enqueue (no `dedupe_key`, no `ordering_key`) writes its row without a plan, the way
-//! logical replication's apply worker writes the rows it receives (`ExecSimpleRelationInsert`):
-//! the table's own column defaults, NOT NULL checks and indexes, without a statement's executor
-//! start and end around one row. With a kept SPI plan instead, an enqueue did 0.82 of the
-//! essay's hand-written INSERT; this way, 0.96 – 1.10 in three runs (`bench/README.md`, 0.5.8).
+//! An enqueue without a `dedupe_key` writes its row without a plan, the way logical replication's
+//! apply worker writes the rows it receives (`ExecSimpleRelationInsert`): the table's own column
+//! defaults, NOT NULL checks and indexes, without a statement's executor start and end around
+//! one row. With a kept SPI plan instead, an enqueue did 0.82 of the essay's hand-written INSERT;
+//! this way, 0.96 – 1.10 in three runs (`bench/README.md`, 0.5.8).
+//!
+//! With an `ordering_key` (0.5.9) it does what insert_keyed.sql does under READ COMMITTED: the
+//! producer holds the key, looks for the key's head with a snapshot taken then, and writes the
+//! message behind the head, or as the head with ON CONFLICT's speculative insertion on
+//! `outbox_key_head_idx` (two producers that start a key at once: the second waits for the
+//! first, and queues behind its message if it commits). Under REPEATABLE READ or SERIALIZABLE,
+//! where the key is held another way, and with a `dedupe_key`, the statements do it.
 //!
 //! Two things PostgreSQL would otherwise parse and compile again for every row are kept for
 //! the session: the column defaults (from `pg_attrdef`'s text), planned, and the predicates of
 //! the partial indexes, compiled. They are dropped whenever the relcache says the table or one
 //! of its indexes changed (`ALTER TABLE … SET DEFAULT`, `CREATE INDEX`, and vacuum's statistics
 //! too, which is rare enough) and, as the plan cache does, whenever a function or a type
-//! changes. A table with triggers or row-level security is written with the INSERT statement
+//! changes. A table with triggers or row-level security is written with the INSERT statements
 //! instead, so that they act as for any INSERT.
 
+use crate::{compat, ordering};
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -23,6 +31,8 @@ struct Kept {
     defaults: HashMap<i16, *mut pg_sys::Expr>,
     /// Partial index → its predicate, compiled.
     predicates: HashMap<pg_sys::Oid, *mut pg_sys::ExprState>,
+    /// `waiting_for`'s value for a message behind its key's head.
+    waiting_for_ordering_key: Option<pg_sys::Datum>,
 }
 
 thread_local! {
@@ -35,12 +45,85 @@ thread_local! {
 }
 
 /// Writes a message's row into `schema.outbox` with these columns (by name) and the table's
-/// defaults for the others, and returns the whole row in the caller's memory context. `None`
-/// when the table has triggers or row-level security: the caller runs the INSERT statement.
-pub fn insert(schema: pg_sys::Oid, columns: &[(&str, pg_sys::Datum)]) -> Option<pg_sys::Datum> {
+/// defaults for the others, and returns the whole row in the caller's memory context. With an
+/// `ordering_key` (a text datum), the message is queued as insert_keyed.sql queues it
+/// (`write_keyed`). `None` when the table has triggers or row-level security (or, with a key,
+/// outside READ COMMITTED): the caller runs the statements.
+pub fn insert(schema: pg_sys::Oid, columns: &[(&str, pg_sys::Datum)], ordering_key: Option<pg_sys::Datum>) -> Option<pg_sys::Datum> {
     // SAFETY: called from a SQL function, in a transaction; every pointer below comes from
-    // PostgreSQL for the relation opened here and stays valid until it is closed.
+    // PostgreSQL for the relation opened here and stays valid until it is closed; the key is a
+    // text datum of the caller's.
     unsafe {
+        let table = OpenTable::open(schema)?;
+        match ordering_key {
+            None => Some(write(table, columns)),
+            Some(key) => write_keyed(table, schema, columns, key),
+        }
+    }
+}
+
+/// Writes the row.
+unsafe fn write(table: OpenTable, columns: &[(&str, pg_sys::Datum)]) -> pg_sys::Datum {
+    KEPT.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        let kept = table.kept(&mut kept);
+        let slot = row_slot(table.estate, table.relation, kept, columns);
+        pg_sys::ExecSimpleRelationInsert(table.target, table.estate, slot);
+        table.close(Some(slot)).expect("a row")
+    })
+}
+
+/// Writes the row of a message with ordering key `key`: the producer holds the key
+/// (src/ordering), then the message becomes the key's head when the key has none, and otherwise
+/// waits behind it. Two producers that start a key at once meet on `outbox_key_head_idx`, as
+/// `INSERT … ON CONFLICT` makes them meet: the second waits for the first's transaction, and
+/// queues behind its message if it commits.
+unsafe fn write_keyed(
+    table: OpenTable,
+    schema: pg_sys::Oid,
+    columns: &[(&str, pg_sys::Datum)],
+    key: pg_sys::Datum,
+) -> Option<pg_sys::Datum> {
+    let constraints = (*(*table.relation).rd_att).constr;
+    let generated_columns = !constraints.is_null() && (*constraints).has_generated_stored;
+    if generated_columns || !ordering::hold_key_in_read_committed(schema, key) {
+        table.close(None);
+        return None;
+    }
+    let head_index = pg_sys::get_relname_relid(c"outbox_key_head_idx".as_ptr(), schema);
+    KEPT.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        let kept = table.kept(&mut kept);
+        let behind_head = waiting_for_ordering_key(table.relation, kept);
+        loop {
+            let mut row = columns.to_vec();
+            row.push(("ordering_key", key));
+            if key_has_head(&table, head_index, key) {
+                row.push(("waiting_for", behind_head));
+                let slot = row_slot(table.estate, table.relation, kept, &row);
+                pg_sys::ExecSimpleRelationInsert(table.target, table.estate, slot);
+                return table.close(Some(slot));
+            }
+            let slot = row_slot(table.estate, table.relation, kept, &row);
+            if insert_unless_taken(&table, slot, head_index) {
+                return table.close(Some(slot));
+            }
+            // Another producer's head committed meanwhile: this message queues behind it.
+        }
+    })
+}
+
+/// `outbox`, opened for one row written without a statement.
+struct OpenTable {
+    relation: pg_sys::Relation,
+    estate: *mut pg_sys::EState,
+    target: *mut pg_sys::ResultRelInfo,
+    caller_context: pg_sys::MemoryContext,
+}
+
+impl OpenTable {
+    /// `schema.outbox` and its indexes. `None` when the table has triggers or row-level security.
+    unsafe fn open(schema: pg_sys::Oid) -> Option<OpenTable> {
         let relation_id = pg_sys::get_relname_relid(c"outbox".as_ptr(), schema);
         let relation = pg_sys::table_open(relation_id, pg_sys::RowExclusiveLock as i32);
         if !(*relation).trigdesc.is_null() || (*(*relation).rd_rel).relrowsecurity {
@@ -56,22 +139,106 @@ pub fn insert(schema: pg_sys::Oid, columns: &[(&str, pg_sys::Datum)]) -> Option<
         pg_sys::InitResultRelInfo(target, relation, 0, std::ptr::null_mut(), 0);
         (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
         pg_sys::ExecOpenIndices(target, false);
-        // (The locks are taken: the invalidations that came before them have been read.)
-        KEPT.with(|kept| {
-            let mut kept = kept.borrow_mut();
-            let kept = current(&mut kept, relations(relation, target));
-            use_kept_predicates(target, kept);
-            let slot = row_slot(estate, relation, kept, columns);
-            pg_sys::ExecSimpleRelationInsert(target, estate, slot);
-            pg_sys::MemoryContextSwitchTo(caller_context);
-            let row = pg_sys::ExecFetchSlotHeapTupleDatum(slot);
-            pg_sys::ExecCloseIndices(target);
-            pg_sys::ExecResetTupleTable((*estate).es_tupleTable, false);
-            pg_sys::FreeExecutorState(estate);
-            pg_sys::table_close(relation, pg_sys::NoLock as i32);
-            Some(row)
-        })
+        Some(OpenTable { relation, estate, target, caller_context })
     }
+
+    /// The open index `index_id`, and what the executor knows of it.
+    unsafe fn index(&self, index_id: pg_sys::Oid) -> (pg_sys::Relation, *mut pg_sys::IndexInfo) {
+        let count = (*self.target).ri_NumIndices as usize;
+        let indexes = std::slice::from_raw_parts((*self.target).ri_IndexRelationDescs, count);
+        let n = indexes.iter().position(|index| (**index).rd_id == index_id).expect("an index of outbox");
+        (indexes[n], *(*self.target).ri_IndexRelationInfo.add(n))
+    }
+
+    /// What is kept for this table, its predicates given to the indexes. (The locks are taken:
+    /// the invalidations that came before them have been read.)
+    unsafe fn kept<'a>(&self, kept: &'a mut Option<Kept>) -> &'a mut Kept {
+        let kept = current(kept, relations(self.relation, self.target));
+        use_kept_predicates(self.target, kept);
+        kept
+    }
+
+    /// Closes everything; returns the row written in `slot`, in the caller's memory context.
+    unsafe fn close(self, slot: Option<*mut pg_sys::TupleTableSlot>) -> Option<pg_sys::Datum> {
+        pg_sys::MemoryContextSwitchTo(self.caller_context);
+        let row = slot.map(|slot| pg_sys::ExecFetchSlotHeapTupleDatum(slot));
+        pg_sys::ExecCloseIndices(self.target);
+        pg_sys::ExecResetTupleTable((*self.estate).es_tupleTable, false);
+        pg_sys::FreeExecutorState(self.estate);
+        pg_sys::table_close(self.relation, pg_sys::NoLock as i32);
+        row
+    }
+}
+
+/// Whether ordering key `key` has a head (a PENDING message not waiting): an index scan of
+/// `head_index` with a snapshot taken now, which sees what committed before the key was held.
+unsafe fn key_has_head(table: &OpenTable, head_index: pg_sys::Oid, key: pg_sys::Datum) -> bool {
+    let relation = table.relation;
+    // (The key is compared with the index's collation, as a query's would be.)
+    let collation = *(*table.index(head_index).0).rd_indcollation;
+    let mut scan_key = std::mem::zeroed::<pg_sys::ScanKeyData>();
+    let column = pg_sys::get_attnum((*relation).rd_id, c"ordering_key".as_ptr());
+    pg_sys::ScanKeyEntryInitialize(
+        &mut scan_key,
+        0,
+        column,
+        pg_sys::BTEqualStrategyNumber as u16,
+        pg_sys::InvalidOid,
+        collation,
+        pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+        key,
+    );
+    pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    let scan = pg_sys::systable_beginscan(relation, head_index, true, pg_sys::GetActiveSnapshot(), 1, &mut scan_key);
+    let found = !pg_sys::systable_getnext(scan).is_null();
+    pg_sys::systable_endscan(scan);
+    pg_sys::PopActiveSnapshot();
+    found
+}
+
+/// Inserts the row in `slot` as its key's head, as `INSERT … ON CONFLICT DO NOTHING` does with
+/// `head_index` as its arbiter: false, with nothing written, when the key has a head after all
+/// (another producer's, committed after the look in `key_has_head`; one still in progress is
+/// waited for).
+unsafe fn insert_unless_taken(table: &OpenTable, slot: *mut pg_sys::TupleTableSlot, head_index: pg_sys::Oid) -> bool {
+    let (relation, target, estate) = (table.relation, table.target, table.estate);
+    // What ON CONFLICT's check needs of its arbiter (ExecOpenIndices builds it for every unique
+    // index when asked: only this one is checked).
+    let (index, info) = table.index(head_index);
+    if (*info).ii_UniqueOps.is_null() {
+        pg_sys::BuildSpeculativeIndexInfo(index, info);
+    }
+    if !(*(*relation).rd_att).constr.is_null() {
+        pg_sys::ExecConstraints(target, slot, estate);
+    }
+    let arbiters = pg_sys::lappend_oid(std::ptr::null_mut(), head_index);
+    if !compat::index_constraints_hold(target, slot, estate, arbiters) {
+        return false;
+    }
+    // A head may still appear between that check and the insert: the insert is speculative,
+    // and undone if the index finds one.
+    let transaction = pg_sys::GetCurrentTransactionId();
+    let token = pg_sys::SpeculativeInsertionLockAcquire(transaction);
+    pg_sys::table_tuple_insert_speculative(relation, slot, (*estate).es_output_cid, 0, std::ptr::null_mut(), token);
+    let mut taken = false;
+    compat::insert_index_tuples_speculatively(target, slot, estate, &mut taken, arbiters);
+    pg_sys::table_tuple_complete_speculative(relation, slot, token, !taken);
+    pg_sys::SpeculativeInsertionLockRelease(transaction);
+    !taken
+}
+
+/// The value of `waiting_for` for a message behind its key's head: the enum's 'ordering_key'.
+unsafe fn waiting_for_ordering_key(relation: pg_sys::Relation, kept: &mut Kept) -> pg_sys::Datum {
+    *kept.waiting_for_ordering_key.get_or_insert_with(|| {
+        let column = pg_sys::get_attnum((*relation).rd_id, c"waiting_for".as_ptr());
+        let enum_type = pg_sys::get_atttype((*relation).rd_id, column);
+        pg_sys::OidFunctionCall2Coll(
+            pg_sys::Oid::from(pg_sys::F_ENUM_IN),
+            pg_sys::InvalidOid,
+            pg_sys::Datum::from(c"ordering_key".as_ptr()),
+            pg_sys::Datum::from(enum_type),
+        )
+    })
 }
 
 /// The table and its indexes (opened in `target`).
@@ -110,7 +277,7 @@ unsafe fn current(kept: &mut Option<Kept>, relations: Vec<pg_sys::Oid>) -> &mut 
         };
         WATCHED.with(|watched| *watched.borrow_mut() = relations);
         STALE.set(false);
-        *kept = Some(Kept { context, defaults: HashMap::new(), predicates: HashMap::new() });
+        *kept = Some(Kept { context, defaults: HashMap::new(), predicates: HashMap::new(), waiting_for_ordering_key: None });
     }
     kept.as_mut().expect("set above")
 }

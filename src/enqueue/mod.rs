@@ -110,18 +110,14 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     worker::wake_at_commit(&topic);
 
     let schema = schema_of_function(args.fcinfo());
-    // Without keys there is nothing to look up: the row is written without a plan
-    // (direct_insert), or by insert.sql when the table has triggers.
-    if args.is_null(3) && args.is_null(4) {
-        let mut columns = vec![
-            ("topic", args.datum(0).expect("not NULL")),
-            ("payload", args.datum(1).expect("not NULL")),
-            ("available_at", available_at(args.interval(2).expect("checked"))),
-        ];
+    // Without a dedupe_key the row is written without a plan (direct_insert), or by the
+    // statements when the table has triggers (or, with an ordering key, outside READ COMMITTED).
+    if args.is_null(3) {
+        let mut columns = message_columns(&args, args.datum(1).expect("not NULL"));
         if let Some(headers) = args.datum(5) {
             columns.push(("headers", headers));
         }
-        if let Some(message) = direct_insert::insert(schema, &columns) {
+        if let Some(message) = direct_insert::insert(schema, &columns, args.datum(4)) {
             return message;
         }
     }
@@ -140,12 +136,11 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
 sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     const FUNCTION: &str = "outbox_enqueue_batch";
     let topic = topic::valid_argument(FUNCTION, "topic", args.text(0));
-    let payloads = required(args.datum(1), FUNCTION, "payloads");
-    let (dimensions, has_nulls) = args.array_shape(1).expect("not NULL");
+    let (elements, dimensions) = required(args.jsonb_array(1), FUNCTION, "payloads");
     if dimensions > 1 {
         raise(OutboxError::invalid(FUNCTION, "payloads", format!("must be a one-dimensional array, got {dimensions} dimensions")));
     }
-    if has_nulls {
+    if elements.contains(&None) {
         raise(OutboxError::null_element(FUNCTION, "payloads"));
     }
     let delay = checked_delay(FUNCTION, &args, 2);
@@ -159,25 +154,48 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
 
     let schema = schema_of_function(args.fcinfo());
     let mut result = SetResult::begin(&args);
-    let mut spi = Spi::connect();
-    if args.is_null(3) {
-        let rows = spi.execute(&INSERT_BATCH, schema, &[args.datum(0), Some(payloads), Some(delay)]);
+    let Some(ordering_key) = args.datum(3) else {
+        let mut spi = Spi::connect();
+        let rows = spi.execute(&INSERT_BATCH, schema, &[args.datum(0), args.datum(1), Some(delay)]);
         for row in 0..rows.len() {
             result.push_row(rows.datum(row, 1).expect("a whole row is never NULL"));
         }
-    } else {
-        // One key for the batch: each message behind the one before, in the payloads' order.
-        ordering::hold_key_for_producer(&mut spi, schema, args.datum(3).expect("not NULL"));
-        for payload in array_elements(payloads) {
-            let arguments = [args.datum(0), Some(payload), Some(delay), None, None, args.datum(3)];
+        spi.finish();
+        return result.finish();
+    };
+    // One key for the batch: each message behind the one before, in the payloads' order. They
+    // are written without a plan while that can be done (the answer is the same for each).
+    let mut payloads = elements.into_iter().flatten().peekable();
+    while let Some(&payload) = payloads.peek() {
+        let Some(row) = direct_insert::insert(schema, &message_columns(&args, payload), Some(ordering_key)) else {
+            break;
+        };
+        result.push_row(row);
+        payloads.next();
+    }
+    if payloads.peek().is_some() {
+        let mut spi = Spi::connect();
+        ordering::hold_key_for_producer(&mut spi, schema, ordering_key);
+        for payload in payloads {
+            let arguments = [args.datum(0), Some(payload), Some(delay), None, None, Some(ordering_key)];
             if let Some(row) = insert(&mut spi, schema, arguments) {
                 result.push_row(row);
             }
         }
+        spi.finish();
     }
-    spi.finish();
     result.finish()
 });
+
+/// A message's topic (argument 0), `payload` and available_at (from the delay, argument 2), as
+/// the columns the direct insert takes.
+fn message_columns(args: &Args, payload: pg_sys::Datum) -> Vec<(&'static str, pg_sys::Datum)> {
+    vec![
+        ("topic", args.datum(0).expect("not NULL")),
+        ("payload", payload),
+        ("available_at", available_at(args.interval(2).expect("checked"))),
+    ]
+}
 
 // outbox_uuid_v7() RETURNS uuid: a time-ordered UUID (version 7), the default of public_id:
 // new ids land at the right edge of its unique index instead of splitting pages at random.
@@ -185,9 +203,3 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
 sql_function!(outbox_uuid_v7_wrapper, pg_finfo_outbox_uuid_v7_wrapper, |_args| {
     pgrx::datum::IntoDatum::into_datum(pgrx::datum::Uuid::from_bytes(*uuid::Uuid::now_v7().as_bytes())).expect("a uuid")
 });
-
-/// The elements of a one-dimensional jsonb[] without NULLs (checked by the caller), in order.
-fn array_elements(array: pg_sys::Datum) -> Vec<pg_sys::Datum> {
-    // SAFETY: `array` is a jsonb[] datum.
-    unsafe { crate::array::varlena_elements(array, pg_sys::JSONBOID) }.0.into_iter().flatten().collect()
-}

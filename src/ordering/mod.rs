@@ -22,7 +22,6 @@ use crate::spi::{schema_of_function, Spi, Statement};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
-static HOLD_KEY: Statement = Statement::new(include_str!("hold_key.sql"), &[TEXTOID]);
 static LOCK_HEAD: Statement = Statement::new(include_str!("lock_head.sql"), &[TEXTOID]);
 static LOCK_KEYS: Statement = Statement::new(include_str!("lock_keys.sql"), &[TEXTARRAYOID]);
 static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messages.sql"), &[TEXTARRAYOID]);
@@ -30,12 +29,46 @@ static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deli
 
 /// Before a producer adds messages to ordering key `key` (a text datum) in this transaction:
 /// whoever ends the key's head from now on waits for this transaction, then sees what it added
-/// (hold_key.sql; under REPEATABLE READ or SERIALIZABLE, lock_head.sql).
+/// (`hold_key_in_read_committed`; under REPEATABLE READ or SERIALIZABLE, lock_head.sql).
 pub fn hold_key_for_producer(spi: &mut Spi, schema: pg_sys::Oid, key: pg_sys::Datum) {
-    let read_committed = spi.execute(&HOLD_KEY, schema, &[Some(key)]).get::<bool>(0, 1).unwrap_or(false);
-    if !read_committed {
+    if !hold_key_in_read_committed(schema, key) {
         spi.execute(&LOCK_HEAD, schema, &[Some(key)]);
     }
+}
+
+/// A producer about to add a message to ordering key `key` (a text datum), in READ COMMITTED:
+/// holds the key's advisory lock shared until the transaction ends. Whoever releases the key
+/// takes it exclusively first (lock_keys.sql, with the same tag: outbox's OID as an int4 and
+/// `hashtext(key)`), so it waits for this transaction and then sees its message; a consumer that
+/// holds the key's head (a claim without a lease) does not hold this producer up.
+///
+/// Returns false, holding nothing, under REPEATABLE READ or SERIALIZABLE: there the producer's
+/// one snapshot could predate a release it waited for, so it locks the head row instead
+/// (lock_head.sql).
+pub fn hold_key_in_read_committed(schema: pg_sys::Oid, key: pg_sys::Datum) -> bool {
+    // SAFETY: XactIsoLevel is this backend's; hashtext(text) and pg_advisory_xact_lock_shared(
+    // int4, int4) are called through fmgr with datums of their argument types (hashtext with
+    // the collation SQL's `hashtext($1)` gives it).
+    unsafe {
+        if pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
+            return false;
+        }
+        let outbox = pg_sys::get_relname_relid(c"outbox".as_ptr(), schema);
+        let hash = pg_sys::OidFunctionCall1Coll(
+            pg_sys::Oid::from(pg_sys::F_HASHTEXT),
+            pg_sys::Oid::from(pg_sys::BuiltinOid::DEFAULT_COLLATION_OID),
+            key,
+        );
+        // (The oid as int4, as SQL's `oid::int4` makes it: the same bits.)
+        let outbox_as_int4 = pg_sys::Datum::from(u32::from(outbox) as i32);
+        pg_sys::OidFunctionCall2Coll(
+            pg_sys::Oid::from(pg_sys::F_PG_ADVISORY_XACT_LOCK_SHARED_INT4_INT4),
+            pg_sys::InvalidOid,
+            outbox_as_int4,
+            hash,
+        );
+    }
+    true
 }
 
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went

@@ -1,10 +1,12 @@
-"""The row a plain outbox_enqueue writes (0.5.8): without keys it is written without a plan, with
-the table's own defaults and indexes and what it keeps of them for the session
-(src/enqueue/direct_insert.rs). It must be the row an INSERT would write, follow changes to the
-table made while the session lives, and leave the indexes agreeing with the table."""
+"""The row outbox_enqueue writes without a dedupe_key: without a plan (0.5.8; with an ordering key
+0.5.9), with the table's own defaults and indexes and what it keeps of them for the session
+(src/enqueue/direct_insert.rs). It must be the row an INSERT would write (with a key, the row
+insert_keyed.sql would write), follow changes to the table made while the session lives, and
+leave the indexes agreeing with the table."""
 import datetime
 import json
 import secrets
+import threading
 import uuid
 
 import psycopg
@@ -63,6 +65,81 @@ def test_a_plain_enqueue_writes_the_row_an_insert_would(db):
     assert indexes_agree_with_the_table(db) == 10
 
 
+def test_a_keyed_enqueue_writes_the_rows_the_statements_would(db):
+    """Per key: the first message is the head, the next ones wait behind it, in enqueue order,
+    from single enqueues and batches alike; a head rolled back leaves the key free. A REPEATABLE
+    READ producer (which takes the statements' way) writes the same rows."""
+    with connect() as producer:
+        head, head_stored = enqueue_row(producer, "direct.keyed", '{"n": 1}', "0", None, "direct:1", '{"trace": "t-1"}')
+        behind, behind_stored = enqueue_row(producer, "direct.other", '{"n": 2}', "1 hour", None, "direct:1")
+        other, _ = enqueue_row(producer, "direct.keyed", '{"n": 3}', "0", None, "direct:2")
+        batch = producer.execute(
+            "SELECT id, ordering_key, waiting_for FROM outbox_enqueue_batch('direct.keyed', %s::jsonb[], ordering_key => 'direct:3')",
+            (['{"n": 4}', '{"n": 5}', '{"n": 6}'],),
+        ).fetchall()
+        producer.commit()
+    assert head == head_stored and behind == behind_stored, "it returns the row it wrote"
+    assert (head["ordering_key"], head["waiting_for"], head["headers"]) == ("direct:1", None, {"trace": "t-1"})
+    assert (behind["ordering_key"], behind["waiting_for"]) == ("direct:1", "ordering_key"), "behind its key's head, across topics"
+    assert behind["available_at"] - head["available_at"] >= datetime.timedelta(hours=1), "delay"
+    assert (other["ordering_key"], other["waiting_for"]) == ("direct:2", None), "another key has its own head"
+    assert [(key, waiting) for _, key, waiting in batch] == [("direct:3", None)] + [("direct:3", "ordering_key")] * 2
+    assert [row[0] for row in batch] == sorted(row[0] for row in batch), "the batch in payload order"
+    for row in (head, behind, other):
+        assert uuid.UUID(str(row["public_id"])).version == 7
+        assert (row["status"], row["attempts"], row["dedupe_key"], row["lease_token"]) == ("PENDING", 0, None, None)
+
+    with connect() as producer:
+        enqueue_row(producer, "direct.keyed", "{}", "0", None, "direct:4")
+        producer.rollback()
+        _, stored = enqueue_row(producer, "direct.keyed", "{}", "0", None, "direct:4")
+        assert stored["waiting_for"] is None, "a head rolled back leaves the key free"
+        producer.commit()
+        producer.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        returned, stored = enqueue_row(producer, "direct.keyed", "{}", "0", None, "direct:4")
+        assert returned == stored and stored["waiting_for"] == "ordering_key"
+        producer.commit()
+
+    # The heads are handed out, oldest first; what waits behind them is not.
+    claimed = db.execute("SELECT payload->>'n' FROM outbox_claim(10, '{direct.keyed,direct.other}', lease => NULL) ORDER BY id").fetchall()
+    assert claimed == [("1",), ("3",), ("4",), (None,)]
+    assert indexes_agree_with_the_table(db) == 10
+
+
+def test_producers_starting_the_same_keys_at_once_make_one_head_each(db):
+    """Six producers enqueue to the same 150 new keys at once, each key in the same order: every
+    key gets one head, its oldest message, and the others wait behind it; none fails. (Two
+    producers that both find a key without a head meet on the unique head index, where the
+    second waits for the first and then queues behind it.)"""
+    producers, keys = 6, 150
+    failures, start = [], threading.Barrier(producers)
+
+    def produce(n):
+        try:
+            with connect(autocommit=True) as producer:
+                start.wait()
+                for key in range(keys):
+                    producer.execute("SELECT outbox_enqueue('direct.race', %s, ordering_key => %s)", (json.dumps({"p": n}), f"race:{key}"))
+        except Exception as failure:  # noqa: BLE001 (reported below)
+            failures.append(failure)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(producers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    per_key = db.execute(
+        """SELECT count(*), count(*) FILTER (WHERE waiting_for IS NULL),
+                  bool_and(waiting_for IS NULL = (id = min_id))
+             FROM (SELECT *, min(id) OVER (PARTITION BY ordering_key) AS min_id FROM outbox WHERE topic = 'direct.race') m
+            GROUP BY ordering_key"""
+    ).fetchall()
+    assert len(per_key) == keys
+    assert set(per_key) == {(producers, 1, True)}, "one head per key, its oldest message"
+    assert indexes_agree_with_the_table(db) == 10
+
+
 def test_the_session_follows_changes_to_the_table_made_while_it_lives(db):
     """The producer's session keeps the defaults and the partial indexes' predicates: an
     ALTER TABLE or a new index from another session must reach its next enqueue."""
@@ -114,13 +191,18 @@ def test_a_table_with_triggers_is_written_as_by_an_insert(db):
         assert returned == stored and stored["last_error"] == "seen", "the BEFORE trigger's change is written and returned"
         log = db.execute("SELECT level, topic FROM direct_trigger_log ORDER BY level").fetchall()
         assert log == [("row", "direct.triggered"), ("statement", None)]
+        # With an ordering key as well (its head, then a message behind it).
+        for waiting_for in (None, "ordering_key"):
+            returned, stored = enqueue_row(db, "direct.triggered.keyed", "{}", "0", None, "direct:triggered")
+            assert returned == stored and (stored["last_error"], stored["waiting_for"]) == ("seen", waiting_for)
+        assert db.execute("SELECT count(*) FROM direct_trigger_log WHERE topic = 'direct.triggered.keyed'").fetchone()[0] == 2
     finally:
         db.execute("DROP TRIGGER direct_row ON outbox")
         db.execute("DROP TRIGGER direct_statement ON outbox")
     # Without them, the direct write again (and the session's kept state follows).
     _, stored = enqueue_row(db, "direct.untriggered", "{}")
     assert stored["last_error"] is None
-    assert db.execute("SELECT count(*) FROM direct_trigger_log").fetchone()[0] == 2
+    assert db.execute("SELECT count(*) FROM direct_trigger_log").fetchone()[0] == 6
 
 
 def test_a_row_the_table_refuses_is_an_error_and_the_session_goes_on(db):
@@ -133,5 +215,13 @@ def test_a_row_the_table_refuses_is_an_error_and_the_session_goes_on(db):
             producer.execute("SELECT outbox_enqueue('direct.refused', '{}')")
         returned, stored = enqueue_row(producer, "direct.accepted", "{}")
         assert returned == stored
+        # With an ordering key: refused as its key's head, and behind a head.
+        with pytest.raises(psycopg.errors.CheckViolation, match="direct_refused"):
+            producer.execute("SELECT outbox_enqueue('direct.refused', '{}', ordering_key => 'direct:refused')")
+        enqueue_row(producer, "direct.accepted", "{}", "0", None, "direct:refused")
+        with pytest.raises(psycopg.errors.CheckViolation, match="direct_refused"):
+            producer.execute("SELECT outbox_enqueue('direct.refused', '{}', ordering_key => 'direct:refused')")
+        _, stored = enqueue_row(producer, "direct.accepted", "{}", "0", None, "direct:refused")
+        assert stored["waiting_for"] == "ordering_key"
     assert db.execute("SELECT count(*) FROM outbox WHERE topic = 'direct.refused'").fetchone()[0] == 0
     assert indexes_agree_with_the_table(db) == 10
