@@ -33,12 +33,14 @@ INTS = st.one_of(st.none(), st.integers(min_value=-(2**31), max_value=2**31 - 1)
 IDS = st.one_of(st.none(), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.integers(min_value=1, max_value=50))
 UUIDS = st.one_of(st.none(), st.uuids().map(str), st.just("not-a-uuid"))
 BOOLS = st.one_of(st.none(), st.booleans())
+# Ordering keys: a few shared ones (so that messages queue behind each other), bad ones, any text.
+KEYS = st.one_of(st.none(), st.sampled_from(["booking:1", "booking:2", "café:3", "", "k" * 255, "k" * 256]), SAFE_TEXT)
 
 # (SQL with placeholders, strategies for the arguments)
 CALLS = [
-    ("SELECT id FROM outbox_enqueue(%s, %s::jsonb, %s::interval, %s)", (TOPICS, PAYLOADS, INTERVALS, st.one_of(st.none(), SAFE_TEXT))),
-    ("SELECT count(*) FROM outbox_enqueue_batch(%s, %s::jsonb[], %s::interval)",
-     (TOPICS, st.one_of(st.none(), st.lists(PAYLOADS, max_size=5)), INTERVALS)),
+    ("SELECT id FROM outbox_enqueue(%s, %s::jsonb, %s::interval, %s, %s)", (TOPICS, PAYLOADS, INTERVALS, st.one_of(st.none(), SAFE_TEXT), KEYS)),
+    ("SELECT count(*) FROM outbox_enqueue_batch(%s, %s::jsonb[], %s::interval, %s)",
+     (TOPICS, st.one_of(st.none(), st.lists(PAYLOADS, max_size=5)), INTERVALS, KEYS)),
     ("SELECT count(*) FROM outbox_claim(%s, %s::text[], %s::interval)", (INTS, st.one_of(st.none(), st.lists(TOPICS, max_size=3)), INTERVALS)),
     ("SELECT outbox_complete(%s::bigint, %s::uuid)", (IDS, UUIDS)),
     ("SELECT outbox_complete(%s::bigint[], %s::uuid[])", (st.one_of(st.none(), st.lists(IDS, max_size=4)), st.one_of(st.none(), st.lists(UUIDS, max_size=4)))),
@@ -126,6 +128,13 @@ def run_hostile(cluster, examples):
     ).fetchone()[0]
     if bad:
         problems.append(f"{bad} rows break the table's invariants")
+    # No ordering key is stuck: a key with messages waiting behind a head has its head.
+    stuck = conn.execute(
+        "SELECT count(DISTINCT w.ordering_key) FROM outbox w WHERE w.status = 'PENDING' AND w.waiting_for = 'ordering_key'"
+        " AND NOT EXISTS (SELECT FROM outbox h WHERE h.ordering_key = w.ordering_key AND h.status = 'PENDING' AND h.waiting_for IS NULL)"
+    ).fetchone()[0]
+    if stuck:
+        problems.append(f"{stuck} ordering keys wait without a head")
     rows = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
     conn.close()
     calls = sum(outcomes.values())
