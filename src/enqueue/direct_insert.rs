@@ -31,8 +31,19 @@ struct Kept {
     defaults: HashMap<i16, *mut pg_sys::Expr>,
     /// Partial index → its predicate, compiled.
     predicates: HashMap<pg_sys::Oid, *mut pg_sys::ExprState>,
-    /// `waiting_for`'s value for a message behind its key's head.
-    waiting_for_ordering_key: Option<pg_sys::Datum>,
+    /// What a write with an ordering key looks up, once.
+    keyed: Option<Keyed>,
+}
+
+/// What a write with an ordering key needs of the table.
+#[derive(Clone, Copy)]
+struct Keyed {
+    /// `outbox_key_head_idx`: one head per key.
+    head_index: pg_sys::Oid,
+    /// The column number of `ordering_key`.
+    key_column: i16,
+    /// `waiting_for`'s value for a message behind its key's head: the enum's 'ordering_key'.
+    behind_head: pg_sys::Datum,
 }
 
 thread_local! {
@@ -90,22 +101,23 @@ unsafe fn write_keyed(
         table.close(None);
         return None;
     }
-    let head_index = pg_sys::get_relname_relid(c"outbox_key_head_idx".as_ptr(), schema);
     KEPT.with(|kept| {
         let mut kept = kept.borrow_mut();
         let kept = table.kept(&mut kept);
-        let behind_head = waiting_for_ordering_key(table.relation, kept);
+        let keyed = *kept.keyed.get_or_insert_with(|| look_up_keyed(table.relation, schema));
         loop {
             let mut row = columns.to_vec();
             row.push(("ordering_key", key));
-            if key_has_head(&table, head_index, key) {
-                row.push(("waiting_for", behind_head));
-                let slot = row_slot(table.estate, table.relation, kept, &row);
+            let behind_head = key_has_head(&table, keyed, key);
+            if behind_head {
+                row.push(("waiting_for", keyed.behind_head));
+            }
+            let slot = row_slot(table.estate, table.relation, kept, &row);
+            if behind_head {
                 pg_sys::ExecSimpleRelationInsert(table.target, table.estate, slot);
                 return table.close(Some(slot));
             }
-            let slot = row_slot(table.estate, table.relation, kept, &row);
-            if insert_unless_taken(&table, slot, head_index) {
+            if insert_unless_taken(&table, slot, keyed.head_index) {
                 return table.close(Some(slot));
             }
             // Another producer's head committed meanwhile: this message queues behind it.
@@ -170,18 +182,17 @@ impl OpenTable {
     }
 }
 
-/// Whether ordering key `key` has a head (a PENDING message not waiting): an index scan of
-/// `head_index` with a snapshot taken now, which sees what committed before the key was held.
-unsafe fn key_has_head(table: &OpenTable, head_index: pg_sys::Oid, key: pg_sys::Datum) -> bool {
+/// Whether ordering key `key` has a head (a PENDING message not waiting): an index scan of the
+/// head index with a snapshot taken now, which sees what committed before the key was held.
+unsafe fn key_has_head(table: &OpenTable, keyed: Keyed, key: pg_sys::Datum) -> bool {
     let relation = table.relation;
     // (The key is compared with the index's collation, as a query's would be.)
-    let collation = *(*table.index(head_index).0).rd_indcollation;
+    let collation = *(*table.index(keyed.head_index).0).rd_indcollation;
     let mut scan_key = std::mem::zeroed::<pg_sys::ScanKeyData>();
-    let column = pg_sys::get_attnum((*relation).rd_id, c"ordering_key".as_ptr());
     pg_sys::ScanKeyEntryInitialize(
         &mut scan_key,
         0,
-        column,
+        keyed.key_column,
         pg_sys::BTEqualStrategyNumber as u16,
         pg_sys::InvalidOid,
         collation,
@@ -189,7 +200,7 @@ unsafe fn key_has_head(table: &OpenTable, head_index: pg_sys::Oid, key: pg_sys::
         key,
     );
     pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-    let scan = pg_sys::systable_beginscan(relation, head_index, true, pg_sys::GetActiveSnapshot(), 1, &mut scan_key);
+    let scan = pg_sys::systable_beginscan(relation, keyed.head_index, true, pg_sys::GetActiveSnapshot(), 1, &mut scan_key);
     let found = !pg_sys::systable_getnext(scan).is_null();
     pg_sys::systable_endscan(scan);
     pg_sys::PopActiveSnapshot();
@@ -227,18 +238,20 @@ unsafe fn insert_unless_taken(table: &OpenTable, slot: *mut pg_sys::TupleTableSl
     !taken
 }
 
-/// The value of `waiting_for` for a message behind its key's head: the enum's 'ordering_key'.
-unsafe fn waiting_for_ordering_key(relation: pg_sys::Relation, kept: &mut Kept) -> pg_sys::Datum {
-    *kept.waiting_for_ordering_key.get_or_insert_with(|| {
-        let column = pg_sys::get_attnum((*relation).rd_id, c"waiting_for".as_ptr());
-        let enum_type = pg_sys::get_atttype((*relation).rd_id, column);
-        pg_sys::OidFunctionCall2Coll(
+/// What a write with an ordering key needs of `schema.outbox` (`relation`).
+unsafe fn look_up_keyed(relation: pg_sys::Relation, schema: pg_sys::Oid) -> Keyed {
+    let table = (*relation).rd_id;
+    let waiting_for = pg_sys::get_attnum(table, c"waiting_for".as_ptr());
+    Keyed {
+        head_index: pg_sys::get_relname_relid(c"outbox_key_head_idx".as_ptr(), schema),
+        key_column: pg_sys::get_attnum(table, c"ordering_key".as_ptr()),
+        behind_head: pg_sys::OidFunctionCall2Coll(
             pg_sys::Oid::from(pg_sys::F_ENUM_IN),
             pg_sys::InvalidOid,
             pg_sys::Datum::from(c"ordering_key".as_ptr()),
-            pg_sys::Datum::from(enum_type),
-        )
-    })
+            pg_sys::Datum::from(pg_sys::get_atttype(table, waiting_for)),
+        ),
+    }
 }
 
 /// The table and its indexes (opened in `target`).
@@ -277,7 +290,7 @@ unsafe fn current(kept: &mut Option<Kept>, relations: Vec<pg_sys::Oid>) -> &mut 
         };
         WATCHED.with(|watched| *watched.borrow_mut() = relations);
         STALE.set(false);
-        *kept = Some(Kept { context, defaults: HashMap::new(), predicates: HashMap::new(), waiting_for_ordering_key: None });
+        *kept = Some(Kept { context, defaults: HashMap::new(), predicates: HashMap::new(), keyed: None });
     }
     kept.as_mut().expect("set above")
 }
