@@ -944,7 +944,8 @@ COMMENT ON FUNCTION outbox_archive(integer) IS
 -- horizon) and writes them back, unchanged, in one transaction: a crash leaves the tables as
 -- they were. Returns how many rows it kept, or NULL when it did nothing (docs/storage.md):
 --   - unless forced, when the tables are small (under 2 MB each), or under 8 MB while no
---     transaction of this database has held the horizon back for 10 seconds (autovacuum
+--     transaction of this database (nor a prepared one) has held the horizon back for 10
+--     seconds and no replication slot that nobody uses holds it (autovacuum
 --     keeps up then; over 8 MB, a horizon held back earlier left them so, perhaps by a
 --     session whose lock kept the compaction out), or more live rows than max_live_rows are
 --     counted in the statistics;
@@ -997,7 +998,10 @@ BEGIN
                                AND a.datname = current_database()
                                AND a.backend_type <> 'autovacuum worker'
                                AND a.pid <> pg_backend_pid())
-            AND NOT EXISTS (SELECT FROM pg_prepared_xacts p WHERE p.prepared < clock_timestamp() - held_back)))
+            AND NOT EXISTS (SELECT FROM pg_prepared_xacts p WHERE p.prepared < clock_timestamp() - held_back)
+            -- (A slot no one uses that holds the horizon: a standby gone with hot_standby_feedback
+            -- on. It holds it for every database, and for as long as it stays.)
+            AND NOT EXISTS (SELECT FROM pg_replication_slots s WHERE NOT s.active AND s.xmin IS NOT NULL)))
     THEN
         RETURN NULL;
     END IF;
@@ -1039,7 +1043,7 @@ END
 $$;
 
 COMMENT ON FUNCTION outbox_compact(boolean, integer) IS
-'Gives outbox and outbox_delivery (not their histories) back the space of row versions vacuum may not remove yet: under an exclusive lock, copies the live rows, empties the tables with TRUNCATE and writes the rows back. Unless forced, only when a table is over 8 MB, or over 2 MB while a transaction has held the xmin horizon back for 10 s. Returns the rows kept, or NULL when it did nothing (small tables, a publication, the lock not granted within 20 ms, more than max_live_rows live rows). The delivery worker calls it every second.';
+'Gives outbox and outbox_delivery (not their histories) back the space of row versions vacuum may not remove yet: under an exclusive lock, copies the live rows, empties the tables with TRUNCATE and writes the rows back. Unless forced, only when a table is over 8 MB, or over 2 MB while a transaction has held the xmin horizon back for 10 s or an inactive replication slot holds it. Returns the rows kept, or NULL when it did nothing (small tables, a publication, the lock not granted within 20 ms, more than max_live_rows live rows). The delivery worker calls it every second.';
 
 -- purge: delete DONE rows (and DEAD ones, when asked) finished longer than older_than ago,
 -- at most max_rows of them, oldest first, with their deliveries. Bounded so no call holds its
