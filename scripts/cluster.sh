@@ -33,6 +33,8 @@ port = $port
 unix_socket_directories = '$dir'
 fsync = off
 max_connections = 100
+# Room for a prepared transaction (the compaction tests leave one, as a forgotten one pins vacuum).
+max_prepared_transactions = 4
 # Room for the outbox_ext launcher and up to outbox.max_workers (8) delivery workers.
 max_worker_processes = 16
 log_min_messages = warning

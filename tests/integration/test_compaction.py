@@ -226,3 +226,27 @@ def test_the_worker_gives_the_space_back_while_a_slot_no_one_uses_holds_vacuum_b
     finally:
         db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
         shutil.rmtree(standby, ignore_errors=True)
+
+
+def test_the_worker_gives_the_space_back_while_a_prepared_transaction_holds_vacuum_back(db):
+    """A prepared transaction nobody commits pins the horizon from no session at all: once it
+    has for 10 s, the worker compacts the tables as for a session idle in its transaction."""
+    messages_in_every_state(db)
+    with connect(autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute("SELECT pg_current_xact_id()")  # (a transaction id: what pins the horizon)
+        other.execute("PREPARE TRANSACTION 'outbox_test_forgotten'")
+    prepared_at = time.monotonic()
+    try:
+        compactions_before, _ = worker_compactions(db)
+        churn(db, 4000)
+        db.execute("SELECT outbox_enqueue('compaction.tail', '{}') FROM generate_series(1, 5)")
+        before = live_rows(db)
+        grown = hot_size(db)
+        assert CLEAN < grown < LARGE, f"the churn left {grown} bytes"
+        eventually(lambda: hot_size(db) < CLEAN / 4, timeout=30, interval=0.5, what="the worker's compaction")
+        assert time.monotonic() - prepared_at >= 10, "not before the horizon was held for 10 s"
+        assert live_rows(db)[:2] == before[:2]
+        assert worker_compactions(db)[0] > compactions_before
+    finally:
+        db.execute("ROLLBACK PREPARED 'outbox_test_forgotten'")
