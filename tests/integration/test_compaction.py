@@ -172,6 +172,20 @@ def test_the_worker_gives_the_space_back_while_a_transaction_holds_vacuum_back(d
         reset_worker_settings()
 
 
+def churn_under_8_mb_and_see_the_worker_compact(db):
+    """Churn that leaves the tables between 2 and 8 MB (due only while vacuum is held back);
+    the worker compacts them within 30 s, every live row kept."""
+    compactions_before, _ = worker_compactions(db)
+    churn(db, 4000)
+    db.execute("SELECT outbox_enqueue('compaction.tail', '{}') FROM generate_series(1, 5)")
+    before = live_rows(db)
+    grown = hot_size(db)
+    assert CLEAN < grown < LARGE, f"the churn left {grown} bytes"
+    eventually(lambda: hot_size(db) < CLEAN / 4, timeout=30, interval=0.5, what="the worker's compaction")
+    assert live_rows(db)[:2] == before[:2]
+    assert worker_compactions(db)[0] > compactions_before
+
+
 STANDBY_PORT = 25347
 SLOT = "outbox_test_gone_standby"
 
@@ -214,15 +228,7 @@ def test_the_worker_gives_the_space_back_while_a_slot_no_one_uses_holds_vacuum_b
         leave_a_slot_of_a_gone_standby(db, standby)
         assert db.execute("SELECT NOT active AND xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s",
                           (SLOT,)).fetchone()[0]
-        compactions_before, _ = worker_compactions(db)
-        churn(db, 4000)
-        db.execute("SELECT outbox_enqueue('compaction.tail', '{}') FROM generate_series(1, 5)")
-        before = live_rows(db)
-        grown = hot_size(db)
-        assert CLEAN < grown < LARGE, f"the churn left {grown} bytes"
-        eventually(lambda: hot_size(db) < CLEAN / 4, timeout=30, interval=0.5, what="the worker's compaction")
-        assert live_rows(db)[:2] == before[:2]
-        assert worker_compactions(db)[0] > compactions_before
+        churn_under_8_mb_and_see_the_worker_compact(db)
     finally:
         db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
         shutil.rmtree(standby, ignore_errors=True)
@@ -238,15 +244,7 @@ def test_the_worker_gives_the_space_back_while_a_prepared_transaction_holds_vacu
         other.execute("PREPARE TRANSACTION 'outbox_test_forgotten'")
     prepared_at = time.monotonic()
     try:
-        compactions_before, _ = worker_compactions(db)
-        churn(db, 4000)
-        db.execute("SELECT outbox_enqueue('compaction.tail', '{}') FROM generate_series(1, 5)")
-        before = live_rows(db)
-        grown = hot_size(db)
-        assert CLEAN < grown < LARGE, f"the churn left {grown} bytes"
-        eventually(lambda: hot_size(db) < CLEAN / 4, timeout=30, interval=0.5, what="the worker's compaction")
+        churn_under_8_mb_and_see_the_worker_compact(db)
         assert time.monotonic() - prepared_at >= 10, "not before the horizon was held for 10 s"
-        assert live_rows(db)[:2] == before[:2]
-        assert worker_compactions(db)[0] > compactions_before
     finally:
         db.execute("ROLLBACK PREPARED 'outbox_test_forgotten'")
