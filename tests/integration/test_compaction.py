@@ -4,9 +4,7 @@ traffic. outbox_compact empties outbox and outbox_delivery with TRUNCATE and wri
 live rows back; the delivery worker calls it every second (docs/storage.md)."""
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 import time
 
 import psycopg
@@ -14,6 +12,7 @@ import pytest
 
 from conftest import configure_worker, connect, pg_program, reset_worker_settings
 from support import ServerLog, disabled_endpoint, eventually
+from support.cluster import ScratchCluster, as_server_user
 
 CLEAN = 2 * 1024 * 1024  # below this, outbox_compact leaves the tables alone unless forced
 LARGE = 8 * 1024 * 1024  # above this, it compacts them even with no horizon held back
@@ -196,40 +195,35 @@ STANDBY_PORT = 25347
 SLOT = "outbox_test_gone_standby"
 
 
-def as_server_user(*command, **kwargs):
-    user = ["sudo", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    return subprocess.run(user + [str(c) for c in command], check=True, capture_output=True, **kwargs)
-
-
-def leave_a_slot_of_a_gone_standby(db, directory):
+def leave_a_slot_of_a_gone_standby(db, standby):
     """A physical replication slot that holds the xmin horizon with no one using it: a standby
-    (in `directory`) that ran with hot_standby_feedback = on and stopped (the forgotten slot)."""
-    data = f"{directory}/data"
-    as_server_user(pg_program("pg_basebackup"), "-h", "127.0.0.1", "-p", os.environ["PGPORT"], "-U", "postgres",
-                   "-D", data, "-X", "stream", "-c", "fast", "-C", "-S", SLOT, "-R", timeout=180)
-    as_server_user("sh", "-c", f"""cat >> {data}/postgresql.conf <<CONF
-port = {STANDBY_PORT}
-unix_socket_directories = '{directory}'
+    (`standby`, its directory not yet a cluster) that ran with hot_standby_feedback = on and
+    stopped (the forgotten slot)."""
+    data = f"{standby.dir}/data"
+    subprocess.run(as_server_user([pg_program("pg_basebackup"), "-h", "127.0.0.1", "-p", os.environ["PGPORT"], "-U", "postgres",
+                                   "-D", data, "-X", "stream", "-c", "fast", "-C", "-S", SLOT, "-R"]),
+                   check=True, capture_output=True, timeout=180)
+    subprocess.run(as_server_user(["sh", "-c", f"""cat >> {data}/postgresql.conf <<CONF
+port = {standby.port}
+unix_socket_directories = '{standby.dir}'
 shared_preload_libraries = ''
 hot_standby_feedback = on
 wal_receiver_status_interval = 1s
-CONF""")
-    as_server_user(pg_program("pg_ctl"), "-D", data, "-l", f"{directory}/server.log", "-w", "start", timeout=120)
+CONF"""]), check=True, capture_output=True)
+    standby.pg_ctl("start")
     try:
         eventually(lambda: db.execute("SELECT xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s",
                                       (SLOT,)).fetchone()[0],
                    timeout=30, interval=0.2, what="the standby's feedback")
     finally:
-        as_server_user(pg_program("pg_ctl"), "-D", data, "-m", "fast", "-w", "stop", timeout=120)
+        standby.pg_ctl("-m", "fast", "stop")
 
 
 def test_the_worker_gives_the_space_back_while_a_slot_no_one_uses_holds_vacuum_back(db):
     """A forgotten slot pins the horizon with no transaction in sight: the worker compacts the
     tables as it does while a session idles in a transaction, well before they reach 8 MB."""
     messages_in_every_state(db)
-    standby = tempfile.mkdtemp(prefix="outbox_ext-standby.")
-    if os.geteuid() == 0:
-        shutil.chown(standby, "postgres")
+    standby = ScratchCluster(STANDBY_PORT)
     try:
         leave_a_slot_of_a_gone_standby(db, standby)
         assert db.execute("SELECT NOT active AND xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s",
@@ -237,7 +231,7 @@ def test_the_worker_gives_the_space_back_while_a_slot_no_one_uses_holds_vacuum_b
         churn_under_8_mb_and_see_the_worker_compact(db)
     finally:
         db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
-        shutil.rmtree(standby, ignore_errors=True)
+        standby.remove()
 
 
 def test_the_worker_gives_the_space_back_while_a_prepared_transaction_holds_vacuum_back(db):

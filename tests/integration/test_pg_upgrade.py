@@ -23,7 +23,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from support import EVERY_STATE, eventually
-from support.cluster import ScratchCluster
+from support.cluster import ScratchCluster, as_server_user
 from support.receiver import Receiver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -269,9 +269,8 @@ def previous_release_of_15():
 
 def pg_upgrade(old, new, work):
     """pg_upgrade --check, then pg_upgrade, as the server's user in a directory it can write."""
-    user = ["sudo", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    command = user + [os.path.join(bindir(new.pg_config), "pg_upgrade"), "-b", bindir(old.pg_config), "-B", bindir(new.pg_config),
-                      "-d", old.data, "-D", new.data, "-p", str(old.port), "-P", str(new.port), "-U", "postgres"]
+    command = as_server_user([os.path.join(bindir(new.pg_config), "pg_upgrade"), "-b", bindir(old.pg_config), "-B", bindir(new.pg_config),
+                              "-d", old.data, "-D", new.data, "-p", str(old.port), "-P", str(new.port), "-U", "postgres"])
     for extra in (["--check"], []):
         result = subprocess.run(command + extra, cwd=work, capture_output=True, text=True, timeout=600)
         if result.returncode != 0:

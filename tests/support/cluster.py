@@ -27,6 +27,11 @@ def pg_program(name: str) -> pathlib.Path:
     return pathlib.Path(os.environ.get("OUTBOX_PG_BIN") or pg_config("--bindir")) / name
 
 
+def as_server_user(command: list) -> list:
+    """`command`, run as the server's user when the tests run as root (PostgreSQL refuses root)."""
+    return (["sudo", "-u", "postgres", "--"] if os.geteuid() == 0 else []) + command
+
+
 class ScratchCluster:
     """A cluster on 127.0.0.1:`port` that preloads outbox_ext; `conf` adds postgresql.conf lines."""
 
@@ -56,9 +61,8 @@ class ScratchCluster:
 
     def pg_ctl(self, *args, timeout: float = 120):
         """Runs pg_ctl on the cluster as the server's user; returns how long it took."""
-        user = ["sudo", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         started = time.monotonic()
-        subprocess.run(user + [pg_program("pg_ctl"), "-D", f"{self.dir}/data", "-l", f"{self.dir}/server.log", "-w", *args],
+        subprocess.run(as_server_user([pg_program("pg_ctl"), "-D", f"{self.dir}/data", "-l", f"{self.dir}/server.log", "-w", *args]),
                        check=True, capture_output=True, timeout=timeout)
         return time.monotonic() - started
 
