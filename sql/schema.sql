@@ -384,4 +384,6 @@ $$;
 
 -- ======== new in 0.5.9 ========
 
--- ======== new in 0.5.10 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.10 ========
+
+-- ======== new in 0.5.11 (scripts/make-upgrade-script.sh copies from here to the end) ========
