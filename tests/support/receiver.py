@@ -77,6 +77,11 @@ class Receiver:
                     "received_at": time.time(),
                     "client_port": self.client_address[1],  # one per connection the sender opened
                 }
+                # Noted before the answer goes out: whoever acts on the answer (the worker records
+                # the delivery) must find the request here when it is done.
+                with receiver._changed:
+                    receiver.requests.append(record)
+                    receiver._changed.notify_all()
                 try:
                     if status == "cut":  # the connection dies in the middle of the answer
                         self.wfile.write(b"HTTP/1.1 2")
@@ -89,10 +94,10 @@ class Receiver:
                         self.end_headers()
                         self.wfile.write(answer)
                 except (BrokenPipeError, ConnectionResetError):
-                    record["status"] = "client gone"  # the sender timed out first
+                    with receiver._changed:
+                        record["status"] = "client gone"  # the sender timed out first
                 with receiver._changed:
                     receiver.concurrent -= 1
-                    receiver.requests.append(record)
                     receiver._changed.notify_all()
                 if not receiver._quiet:
                     print(
@@ -141,7 +146,8 @@ class Receiver:
             self.max_concurrent = self.concurrent
 
     def wait_for(self, count: int, timeout: float = 15.0, started: bool = False):
-        """Blocks until `count` requests were answered (or began, with started=True)."""
+        """Blocks until `count` requests got their answer (or began, with started=True); a
+        request is noted just before its answer is written."""
         deadline = time.monotonic() + timeout
         with self._changed:
             while (self.started if started else len(self.requests)) < count:
