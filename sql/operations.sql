@@ -530,6 +530,11 @@ DECLARE
     large_table CONSTANT bigint := 8 * 1024 * 1024;
     largest     bigint;
     held_back   CONSTANT interval := interval '10 seconds';
+    -- A standby's xmin stands still between two of its feedbacks (wal_receiver_status_interval,
+    -- 10 s by default) even when healthy: three of them.
+    standby_held_back CONSTANT interval := interval '30 seconds';
+    standby_xmins jsonb;
+    horizon     xid;
     messages    @extschema@.outbox[];
     deliveries  @extschema@.outbox_delivery[];
     kept        bigint;
@@ -549,22 +554,53 @@ BEGIN
            largest < small_table
            -- (Counted before the lock: a large backlog is never locked up only to be counted.)
         OR pg_stat_get_live_tuples('@extschema@.outbox'::regclass)
-           + pg_stat_get_live_tuples('@extschema@.outbox_delivery'::regclass) > max_live_rows
-        -- (The horizon of a database's tables: its own sessions'. A vacuum elsewhere holds
-        -- back no other vacuum.)
-        OR (largest < large_table
-            AND NOT EXISTS (SELECT FROM pg_stat_activity a
-                             WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
-                               AND a.xact_start < clock_timestamp() - held_back
-                               AND a.datname = current_database()
-                               AND a.backend_type <> 'autovacuum worker'
-                               AND a.pid <> pg_backend_pid())
-            AND NOT EXISTS (SELECT FROM pg_prepared_xacts p WHERE p.prepared < clock_timestamp() - held_back)
-            -- (A slot no one uses that holds the horizon: a standby gone with hot_standby_feedback
-            -- on. It holds it for every database, and for as long as it stays.)
-            AND NOT EXISTS (SELECT FROM pg_replication_slots s WHERE NOT s.active AND s.xmin IS NOT NULL)))
+           + pg_stat_get_live_tuples('@extschema@.outbox_delivery'::regclass) > max_live_rows)
     THEN
         RETURN NULL;
+    END IF;
+    IF NOT force AND largest < large_table
+        -- (The horizon of a database's tables: its own sessions'. A vacuum elsewhere holds
+        -- back no other vacuum.)
+        AND NOT EXISTS (SELECT FROM pg_stat_activity a
+                         WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+                           AND a.xact_start < clock_timestamp() - held_back
+                           AND a.datname = current_database()
+                           AND a.backend_type <> 'autovacuum worker'
+                           AND a.pid <> pg_backend_pid())
+        AND NOT EXISTS (SELECT FROM pg_prepared_xacts p WHERE p.prepared < clock_timestamp() - held_back)
+        -- (A slot no one uses that holds the horizon: a standby gone with hot_standby_feedback
+        -- on. It holds it for every database, and for as long as it stays.)
+        AND NOT EXISTS (SELECT FROM pg_replication_slots s WHERE NOT s.active AND s.xmin IS NOT NULL)
+    THEN
+        -- A connected standby with hot_standby_feedback = on holds the horizon at its oldest
+        -- query's snapshot, and the primary cannot see since when. So this session remembers each
+        -- standby's xmin and since when the primary's own horizon has been past it (in a setting
+        -- of the session: the worker calls this every second from one session). An xmin only
+        -- moves forward, so one behind for 30 s has held vacuum back all that time, whatever
+        -- happened between two calls; one the primary has not passed (nothing happened since)
+        -- holds nothing back.
+        -- (The primary's oldest running transaction, as a 32-bit xid like the standbys'.)
+        horizon := (pg_snapshot_xmin(pg_current_snapshot())::text::numeric % 4294967296)::text::xid;
+        SELECT coalesce(jsonb_object_agg(f.standby, jsonb_build_array(f.xmin::text,
+                            CASE WHEN age(f.xmin) <= age(horizon) THEN NULL
+                                 WHEN seen.xmins -> f.standby ->> 0 = f.xmin::text
+                                  AND seen.xmins -> f.standby -> 1 <> 'null'
+                                 THEN seen.xmins -> f.standby -> 1
+                                 ELSE to_jsonb(extract(epoch FROM clock_timestamp())) END)), '{}')
+          INTO standby_xmins
+          FROM (SELECT 'slot ' || s.slot_name AS standby, s.xmin
+                  FROM pg_replication_slots s WHERE s.active AND s.xmin IS NOT NULL
+                UNION ALL
+                SELECT 'walsender ' || r.pid, r.backend_xmin
+                  FROM pg_stat_replication r WHERE r.backend_xmin IS NOT NULL) f,
+               (SELECT coalesce(nullif(current_setting('outbox_ext_compact.standby_xmins', true), ''), '{}')::jsonb
+                       AS xmins) seen;
+        PERFORM set_config('outbox_ext_compact.standby_xmins', standby_xmins::text, false);
+        IF NOT EXISTS (SELECT FROM jsonb_each(standby_xmins) e
+                        WHERE e.value -> 1 <> 'null'
+                          AND (e.value -> 1)::numeric < extract(epoch FROM clock_timestamp() - standby_held_back)) THEN
+            RETURN NULL;
+        END IF;
     END IF;
     IF EXISTS (SELECT FROM pg_publication p
                 WHERE p.puballtables
@@ -604,7 +640,7 @@ END
 $$;
 
 COMMENT ON FUNCTION outbox_compact(boolean, integer) IS
-'Gives outbox and outbox_delivery (not their histories) back the space of row versions vacuum may not remove yet: under an exclusive lock, copies the live rows, empties the tables with TRUNCATE and writes the rows back. Unless forced, only when a table is over 8 MB, or over 2 MB while a transaction has held the xmin horizon back for 10 s or an inactive replication slot holds it. Returns the rows kept, or NULL when it did nothing (small tables, a publication, the lock not granted within 20 ms, more than max_live_rows live rows). The delivery worker calls it every second.';
+'Gives outbox and outbox_delivery (not their histories) back the space of row versions vacuum may not remove yet: under an exclusive lock, copies the live rows, empties the tables with TRUNCATE and writes the rows back. Unless forced, only when a table is over 8 MB, or over 2 MB while a transaction has held the xmin horizon back for 10 s, an inactive replication slot holds it, or a connected standby''s xmin has been behind the primary''s own for 30 s (seen by calls from the same session: the worker''s). Returns the rows kept, or NULL when it did nothing (small tables, a publication, the lock not granted within 20 ms, more than max_live_rows live rows). The delivery worker calls it every second.';
 
 -- purge: delete DONE rows (and DEAD ones, when asked) finished longer than older_than ago,
 -- at most max_rows of them, oldest first, with their deliveries. Bounded so no call holds its

@@ -177,16 +177,16 @@ def test_the_worker_gives_the_space_back_while_a_transaction_holds_vacuum_back(d
         reset_worker_settings()
 
 
-def churn_under_8_mb_and_see_the_worker_compact(db):
+def churn_under_8_mb_and_see_the_worker_compact(db, timeout=30):
     """Churn that leaves the tables between 2 and 8 MB (due only while vacuum is held back);
-    the worker compacts them within 30 s, every live row kept."""
+    the worker compacts them within `timeout` seconds, every live row kept."""
     compactions_before, _ = worker_compactions(db)
     churn(db, 4000)
     db.execute("SELECT outbox_enqueue('compaction.tail', '{}') FROM generate_series(1, 5)")
     before = live_rows(db)
     grown = hot_size(db)
     assert CLEAN < grown < LARGE, f"the churn left {grown} bytes"
-    eventually(lambda: hot_size(db) < CLEAN / 4, timeout=30, interval=0.5, what="the worker's compaction")
+    eventually(lambda: hot_size(db) < CLEAN / 4, timeout=timeout, interval=0.5, what="the worker's compaction")
     assert live_rows(db)[:2] == before[:2]
     compactions_counted_after(db, compactions_before)
 
@@ -195,13 +195,13 @@ STANDBY_PORT = 25347
 SLOT = "outbox_test_gone_standby"
 
 
-def leave_a_slot_of_a_gone_standby(db, standby):
-    """A physical replication slot that holds the xmin horizon with no one using it: a standby
-    (`standby`, its directory not yet a cluster) that ran with hot_standby_feedback = on and
-    stopped (the forgotten slot)."""
+def start_a_standby(standby, slot=None):
+    """A streaming standby of the test cluster in `standby` (its directory not yet a cluster),
+    with hot_standby_feedback = on, replicating through the physical slot `slot` if given."""
     data = f"{standby.dir}/data"
+    with_slot = ["-C", "-S", slot] if slot else []
     subprocess.run(as_server_user([pg_program("pg_basebackup"), "-h", "127.0.0.1", "-p", os.environ["PGPORT"], "-U", "postgres",
-                                   "-D", data, "-X", "stream", "-c", "fast", "-C", "-S", SLOT, "-R"]),
+                                   "-D", data, "-X", "stream", "-c", "fast", *with_slot, "-R"]),
                    check=True, capture_output=True, timeout=180)
     subprocess.run(as_server_user(["sh", "-c", f"""cat >> {data}/postgresql.conf <<CONF
 port = {standby.port}
@@ -211,12 +211,26 @@ hot_standby_feedback = on
 wal_receiver_status_interval = 1s
 CONF"""]), check=True, capture_output=True)
     standby.pg_ctl("start")
+
+
+def standby_xmin(db, slot=None):
+    """The xmin the standby's feedback holds on the primary: its slot's, or its walsender's."""
+    if slot:
+        return db.execute("SELECT xmin::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0]
+    return db.execute("SELECT max(backend_xmin::text) FROM pg_stat_replication").fetchone()[0]
+
+
+def leave_a_slot_of_a_gone_standby(db, standby):
+    """A physical replication slot that holds the xmin horizon with no one using it: a standby
+    that ran with hot_standby_feedback = on and stopped (the forgotten slot)."""
+    start_a_standby(standby, SLOT)
     try:
-        eventually(lambda: db.execute("SELECT xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s",
-                                      (SLOT,)).fetchone()[0],
-                   timeout=30, interval=0.2, what="the standby's feedback")
+        eventually(lambda: standby_xmin(db, SLOT), timeout=30, interval=0.2, what="the standby's feedback")
     finally:
         standby.pg_ctl("-m", "fast", "stop")
+    # (Its walsender on this side leaves a moment after the standby has stopped.)
+    eventually(lambda: db.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()[0],
+               timeout=10, interval=0.1, what="the slot no longer in use")
 
 
 def test_the_worker_gives_the_space_back_while_a_slot_no_one_uses_holds_vacuum_back(db):
@@ -232,6 +246,42 @@ def test_the_worker_gives_the_space_back_while_a_slot_no_one_uses_holds_vacuum_b
     finally:
         db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
         standby.remove()
+
+
+@pytest.mark.parametrize("slot", [SLOT, None], ids=["through a slot", "without a slot"])
+def test_the_worker_gives_the_space_back_while_a_query_on_a_standby_holds_vacuum_back(db, slot):
+    """A standby with hot_standby_feedback = on holds the horizon at its oldest query's
+    snapshot. The primary cannot see that query, only the standby's xmin staying behind its own:
+    once it has for 30 s, the worker compacts the tables as for a session idle in a transaction.
+    A healthy standby's xmin keeps up, and the tables are left alone."""
+    messages_in_every_state(db)
+    standby = ScratchCluster(STANDBY_PORT)
+    try:
+        start_a_standby(standby, slot)
+        eventually(lambda: standby_xmin(db, slot), timeout=30, interval=0.2, what="the standby's feedback")
+        if slot:
+            # Healthy: the same churn, the worker watching for 35 s, nothing compacted (vacuum
+            # may cut the empty pages off the end meanwhile: its count tells).
+            compactions_before, _ = worker_compactions(db)
+            churn(db, 4000)
+            grown = hot_size(db)
+            assert CLEAN < grown < LARGE, f"the churn left {grown} bytes"
+            time.sleep(35)
+            assert worker_compactions(db)[0] == compactions_before, "a standby that keeps up holds nothing back"
+            db.execute("SELECT outbox_compact(force => true)")
+        with standby.connect() as reader:
+            with reader.transaction():
+                reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                reader.execute("SELECT count(*) FROM pg_class")  # (a snapshot, held until the end)
+                held_since = time.monotonic()
+                churn_under_8_mb_and_see_the_worker_compact(db, timeout=75)
+                assert time.monotonic() - held_since >= 30, "not before the standby held the horizon for 30 s"
+    finally:
+        standby.remove()
+        if slot:  # (once its walsender has gone: a slot in use cannot be dropped)
+            eventually(lambda: db.execute("SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots "
+                                          "WHERE slot_name = %s AND NOT active", (slot,)).fetchone()[0] == 1,
+                       timeout=10, interval=0.2, what="the standby's slot dropped")
 
 
 def test_the_worker_gives_the_space_back_while_a_prepared_transaction_holds_vacuum_back(db):
