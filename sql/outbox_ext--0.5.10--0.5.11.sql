@@ -1012,20 +1012,19 @@ BEGIN
         AND NOT EXISTS (SELECT FROM pg_replication_slots s WHERE NOT s.active AND s.xmin IS NOT NULL)
     THEN
         -- A connected standby with hot_standby_feedback = on holds the horizon at its oldest
-        -- query's snapshot, and the primary cannot see since when. So this session remembers each
-        -- standby's xmin and since when the primary's own horizon has been past it (in a setting
-        -- of the session: the worker calls this every second from one session). An xmin only
-        -- moves forward, so one behind for 30 s has held vacuum back all that time, whatever
-        -- happened between two calls; one the primary has not passed (nothing happened since)
-        -- holds nothing back.
+        -- query's snapshot, and the primary cannot see since when. So this session remembers
+        -- each standby whose xmin is behind the primary's own horizon: that xmin, and since when
+        -- it has been seen behind (in a setting of the session: the worker calls this every
+        -- second from one session). An xmin only moves forward, so one behind for 30 s has held
+        -- vacuum back all that time, whatever happened between two calls; one the primary has
+        -- not passed (nothing happened since) holds nothing back, and is forgotten.
         -- (The primary's oldest running transaction, as a 32-bit xid like the standbys'.)
         horizon := (pg_snapshot_xmin(pg_current_snapshot())::text::numeric % 4294967296)::text::xid;
         SELECT coalesce(jsonb_object_agg(f.standby, jsonb_build_array(f.xmin::text,
-                            CASE WHEN age(f.xmin) <= age(horizon) THEN NULL
-                                 WHEN seen.xmins -> f.standby ->> 0 = f.xmin::text
-                                  AND seen.xmins -> f.standby -> 1 <> 'null'
+                            CASE WHEN seen.xmins -> f.standby ->> 0 = f.xmin::text
                                  THEN seen.xmins -> f.standby -> 1
-                                 ELSE to_jsonb(extract(epoch FROM clock_timestamp())) END)), '{}')
+                                 ELSE to_jsonb(extract(epoch FROM clock_timestamp())) END))
+                            FILTER (WHERE age(f.xmin) > age(horizon)), '{}')
           INTO standby_xmins
           FROM (SELECT 'slot ' || s.slot_name AS standby, s.xmin
                   FROM pg_replication_slots s WHERE s.active AND s.xmin IS NOT NULL
@@ -1036,8 +1035,7 @@ BEGIN
                        AS xmins) seen;
         PERFORM set_config('outbox_ext_compact.standby_xmins', standby_xmins::text, false);
         IF NOT EXISTS (SELECT FROM jsonb_each(standby_xmins) e
-                        WHERE e.value -> 1 <> 'null'
-                          AND (e.value -> 1)::numeric < extract(epoch FROM clock_timestamp() - standby_held_back)) THEN
+                        WHERE (e.value -> 1)::numeric < extract(epoch FROM clock_timestamp() - standby_held_back)) THEN
             RETURN NULL;
         END IF;
     END IF;

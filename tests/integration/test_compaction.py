@@ -228,9 +228,21 @@ def leave_a_slot_of_a_gone_standby(db, standby):
         eventually(lambda: standby_xmin(db, SLOT), timeout=30, interval=0.2, what="the standby's feedback")
     finally:
         standby.pg_ctl("-m", "fast", "stop")
-    # (Its walsender on this side leaves a moment after the standby has stopped.)
-    eventually(lambda: db.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()[0],
+    slot_no_longer_in_use(db, SLOT)
+
+
+def slot_no_longer_in_use(db, slot):
+    """Waits for the slot's walsender on this side to leave: it does a moment after its
+    standby has stopped, and a slot in use can be neither seen as forgotten nor dropped."""
+    eventually(lambda: db.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0],
                timeout=10, interval=0.1, what="the slot no longer in use")
+
+
+def drop_slot(db, slot):
+    """Drops the slot, if the standby's base backup made it, once it is no longer in use."""
+    if db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone():
+        slot_no_longer_in_use(db, slot)
+        db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
 def test_the_worker_gives_the_space_back_while_a_slot_no_one_uses_holds_vacuum_back(db):
@@ -244,8 +256,8 @@ def test_the_worker_gives_the_space_back_while_a_slot_no_one_uses_holds_vacuum_b
                           (SLOT,)).fetchone()[0]
         churn_under_8_mb_and_see_the_worker_compact(db)
     finally:
-        db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
         standby.remove()
+        drop_slot(db, SLOT)
 
 
 @pytest.mark.parametrize("slot", [SLOT, None], ids=["through a slot", "without a slot"])
@@ -278,10 +290,8 @@ def test_the_worker_gives_the_space_back_while_a_query_on_a_standby_holds_vacuum
                 assert time.monotonic() - held_since >= 30, "not before the standby held the horizon for 30 s"
     finally:
         standby.remove()
-        if slot:  # (once its walsender has gone: a slot in use cannot be dropped)
-            eventually(lambda: db.execute("SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots "
-                                          "WHERE slot_name = %s AND NOT active", (slot,)).fetchone()[0] == 1,
-                       timeout=10, interval=0.2, what="the standby's slot dropped")
+        if slot:
+            drop_slot(db, slot)
 
 
 def test_the_worker_gives_the_space_back_while_a_prepared_transaction_holds_vacuum_back(db):
