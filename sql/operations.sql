@@ -534,6 +534,7 @@ DECLARE
     -- 10 s by default) even when healthy: three of them.
     standby_held_back CONSTANT interval := interval '30 seconds';
     standby_xmins jsonb;
+    seen_xmins  jsonb;
     horizon     xid;
     messages    @extschema@.outbox[];
     deliveries  @extschema@.outbox_delivery[];
@@ -581,9 +582,18 @@ BEGIN
         -- not passed (nothing happened since) holds nothing back, and is forgotten.
         -- (The primary's oldest running transaction, as a 32-bit xid like the standbys'.)
         horizon := (pg_snapshot_xmin(pg_current_snapshot())::text::numeric % 4294967296)::text::xid;
+        -- (Anyone who may run this can set the setting in their session, and a database owner
+        -- for every session: what does not read as JSON starts the state again, and an entry
+        -- whose time is not a number starts its standby's clock again.)
+        BEGIN
+            seen_xmins := coalesce(nullif(current_setting('outbox_ext_compact.standby_xmins', true), ''), '{}')::jsonb;
+        EXCEPTION WHEN invalid_text_representation THEN
+            seen_xmins := '{}';
+        END;
         SELECT coalesce(jsonb_object_agg(f.standby, jsonb_build_array(f.xmin::text,
-                            CASE WHEN seen.xmins -> f.standby ->> 0 = f.xmin::text
-                                 THEN seen.xmins -> f.standby -> 1
+                            CASE WHEN seen_xmins -> f.standby ->> 0 = f.xmin::text
+                                  AND jsonb_typeof(seen_xmins -> f.standby -> 1) = 'number'
+                                 THEN seen_xmins -> f.standby -> 1
                                  ELSE to_jsonb(extract(epoch FROM clock_timestamp())) END))
                             FILTER (WHERE age(f.xmin) > age(horizon)), '{}')
           INTO standby_xmins
@@ -591,9 +601,7 @@ BEGIN
                   FROM pg_replication_slots s WHERE s.active AND s.xmin IS NOT NULL
                 UNION ALL
                 SELECT 'walsender ' || r.pid, r.backend_xmin
-                  FROM pg_stat_replication r WHERE r.backend_xmin IS NOT NULL) f,
-               (SELECT coalesce(nullif(current_setting('outbox_ext_compact.standby_xmins', true), ''), '{}')::jsonb
-                       AS xmins) seen;
+                  FROM pg_stat_replication r WHERE r.backend_xmin IS NOT NULL) f;
         PERFORM set_config('outbox_ext_compact.standby_xmins', standby_xmins::text, false);
         IF NOT EXISTS (SELECT FROM jsonb_each(standby_xmins) e
                         WHERE (e.value -> 1)::numeric < extract(epoch FROM clock_timestamp() - standby_held_back)) THEN

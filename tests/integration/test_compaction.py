@@ -299,6 +299,32 @@ def test_the_worker_gives_the_space_back_while_a_query_on_a_standby_holds_vacuum
             drop_slot(db, slot)
 
 
+def test_compaction_starts_again_from_a_malformed_standby_state(db):
+    """outbox_compact keeps what it saw of the standbys in a setting of its session, which the
+    session's role, or a database owner with ALTER DATABASE SET, can set to anything: it starts
+    that state again rather than fail for the rest of the session."""
+    messages_in_every_state(db)
+    standby = ScratchCluster(STANDBY_PORT)
+    try:
+        start_a_standby(standby)
+        eventually(lambda: standby_xmin(db), timeout=30, interval=0.2, what="the standby's feedback")
+        with standby.connect() as reader, reader.transaction():
+            reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            reader.execute("SELECT count(*) FROM pg_class")  # (the standby's xmin stays here)
+            churn(db, 4000)  # (2 to 8 MB, no session holding vacuum back: it looks at the standbys)
+            db.execute("SELECT outbox_enqueue('compaction.tail', '{}') FROM generate_series(1, 5)")
+            assert CLEAN < hot_size(db) < LARGE
+            walsender, xmin = db.execute("SELECT pid, backend_xmin FROM pg_stat_replication").fetchone()
+            for state in ("not json", f'{{"walsender {walsender}": ["{xmin}", "soon"]}}', "[1, 2]", '"a string"'):
+                db.execute("SELECT set_config('outbox_ext_compact.standby_xmins', %s, false)", (state,))
+                assert db.execute("SELECT outbox_compact()").fetchone()[0] is None, f"{state}: not behind for 30 s yet"
+                kept = db.execute("SELECT current_setting('outbox_ext_compact.standby_xmins')::jsonb").fetchone()[0]
+                assert list(kept) == [f"walsender {walsender}"], "the standby behind, seen from now on"
+                assert kept[f"walsender {walsender}"][0] == str(xmin) and isinstance(kept[f"walsender {walsender}"][1], (int, float))
+    finally:
+        standby.remove()
+
+
 def test_the_worker_gives_the_space_back_while_a_prepared_transaction_holds_vacuum_back(db):
     """A prepared transaction nobody commits pins the horizon from no session at all: once it
     has for 10 s, the worker compacts the tables as for a session idle in its transaction."""
