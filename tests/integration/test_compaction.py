@@ -50,6 +50,13 @@ def compactions_counted_after(conn, before):
                       timeout=10, interval=0.05, what="the worker's count of its compactions")
 
 
+def wait_for_the_worker_to_compact(conn, compacted_during_the_churn, timeout=30):
+    """Waits for the tables to be given back. After a compaction during the churn, the rest of
+    the churn may leave them up to 2 MB, where none is due: below that, then."""
+    small = CLEAN if compacted_during_the_churn else CLEAN / 4
+    eventually(lambda: hot_size(conn) < small, timeout=timeout, interval=0.5, what="the worker's compaction")
+
+
 def live_rows(conn):
     """Every row of the hot tables, whole, and how many rows outbox shows with its history."""
     messages = conn.execute("SELECT o::text FROM ONLY outbox o ORDER BY id").fetchall()
@@ -152,17 +159,20 @@ def test_the_worker_gives_the_space_back_while_a_transaction_holds_vacuum_back(d
             db.execute("SELECT outbox_enqueue('compaction.tail', '{}') FROM generate_series(1, 5)")
             before = live_rows(db)
             grown = hot_size(db)
-            assert grown > (LARGE if holder_reads_outbox else CLEAN), f"the churn left {grown} bytes"
+            # (Where the worker may compact, it may do so during a churn that took over 10 s.)
+            compacted_during_the_churn = worker_compactions(db)[0] > compactions_before
+            assert grown > (LARGE if holder_reads_outbox else CLEAN) or compacted_during_the_churn, \
+                f"the churn left {grown} bytes"
             if compaction == "on" and not holder_reads_outbox:
                 # Once the horizon has been held for 10 s, the worker compacts within a second or so.
-                eventually(lambda: hot_size(db) < CLEAN / 4, timeout=30, interval=0.5, what="the worker's compaction")
+                wait_for_the_worker_to_compact(db, compacted_during_the_churn)
             else:
                 time.sleep(max(0.0, held_since + 14 - time.monotonic()))
                 assert hot_size(db) >= grown, "the worker left the tables alone"
             holder.rollback()
         if holder_reads_outbox:
             if compaction == "on":  # over 8 MB: due without a horizon held back
-                eventually(lambda: hot_size(db) < CLEAN / 4, timeout=30, interval=0.5, what="the worker's compaction")
+                wait_for_the_worker_to_compact(db, compacted_during_the_churn=False)
             else:
                 time.sleep(3)
                 assert hot_size(db) >= grown, "outbox.compaction = off: the worker leaves the tables alone"
@@ -181,7 +191,7 @@ def churn_under_8_mb_and_see_the_worker_compact(db, timeout=30):
     """Churn that leaves the tables between 2 and 8 MB (due only while vacuum is held back);
     the worker compacts them within `timeout` seconds, every live row kept. When the horizon
     is already held for long enough, the worker may compact while the churn goes on, as soon
-    as the tables pass 2 MB: then they end the churn smaller, and that compaction counts."""
+    as the tables pass 2 MB: then they may end the churn under 2 MB, and that compaction counts."""
     compactions_before, _ = worker_compactions(db)
     kept = live_rows(db)  # (the churn's messages all end in the history: the hot tables keep these)
     churn(db, 4000)
@@ -190,7 +200,7 @@ def churn_under_8_mb_and_see_the_worker_compact(db, timeout=30):
     grown = hot_size(db)
     compacted_during_the_churn = worker_compactions(db)[0] > compactions_before
     assert grown < LARGE and (grown > CLEAN or compacted_during_the_churn), f"the churn left {grown} bytes"
-    eventually(lambda: hot_size(db) < CLEAN / 4, timeout=timeout, interval=0.5, what="the worker's compaction")
+    wait_for_the_worker_to_compact(db, compacted_during_the_churn, timeout)
     assert live_rows(db)[:2] == before[:2]
     assert set(kept[0]) < set(before[0]) and kept[1] == before[1], "a compaction during the churn kept every row too"
     compactions_counted_after(db, compactions_before)
