@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import time
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -210,9 +211,10 @@ STANDBY_PORT = 25347
 SLOT = "outbox_test_gone_standby"
 
 
-def start_a_standby(standby, slot=None):
-    """A streaming standby of the test cluster in `standby` (its directory not yet a cluster),
-    with hot_standby_feedback = on, replicating through the physical slot `slot` if given."""
+def start_a_standby(db, standby, slot=None):
+    """A streaming standby of the test cluster (`db`'s) in `standby` (its directory not yet a
+    cluster), with hot_standby_feedback = on, replicating through the physical slot `slot` if
+    given; returns once its first feedback holds an xmin on the primary."""
     data = f"{standby.dir}/data"
     with_slot = ["-C", "-S", slot] if slot else []
     subprocess.run(as_server_user([pg_program("pg_basebackup"), "-h", "127.0.0.1", "-p", os.environ["PGPORT"], "-U", "postgres",
@@ -226,6 +228,16 @@ hot_standby_feedback = on
 wal_receiver_status_interval = 1s
 CONF"""]), check=True, capture_output=True)
     standby.pg_ctl("start")
+    eventually(lambda: standby_xmin(db, slot), timeout=30, interval=0.2, what="the standby's feedback")
+
+
+@contextmanager
+def a_query_on(standby):
+    """A long query on the standby: a REPEATABLE READ snapshot held until the block ends."""
+    with standby.connect() as reader, reader.transaction():
+        reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT count(*) FROM pg_class")
+        yield
 
 
 def standby_xmin(db, slot=None):
@@ -238,9 +250,8 @@ def standby_xmin(db, slot=None):
 def leave_a_slot_of_a_gone_standby(db, standby):
     """A physical replication slot that holds the xmin horizon with no one using it: a standby
     that ran with hot_standby_feedback = on and stopped (the forgotten slot)."""
-    start_a_standby(standby, SLOT)
     try:
-        eventually(lambda: standby_xmin(db, SLOT), timeout=30, interval=0.2, what="the standby's feedback")
+        start_a_standby(db, standby, SLOT)
     finally:
         standby.pg_ctl("-m", "fast", "stop")
     slot_no_longer_in_use(db, SLOT)
@@ -284,8 +295,7 @@ def test_the_worker_gives_the_space_back_while_a_query_on_a_standby_holds_vacuum
     messages_in_every_state(db)
     standby = ScratchCluster(STANDBY_PORT)
     try:
-        start_a_standby(standby, slot)
-        eventually(lambda: standby_xmin(db, slot), timeout=30, interval=0.2, what="the standby's feedback")
+        start_a_standby(db, standby, slot)
         if slot:
             # Healthy: the same churn, the worker watching for 35 s, nothing compacted (vacuum
             # may cut the empty pages off the end meanwhile: its count tells).
@@ -296,13 +306,10 @@ def test_the_worker_gives_the_space_back_while_a_query_on_a_standby_holds_vacuum
             time.sleep(35)
             assert worker_compactions(db)[0] == compactions_before, "a standby that keeps up holds nothing back"
             db.execute("SELECT outbox_compact(force => true)")
-        with standby.connect() as reader:
-            with reader.transaction():
-                reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                reader.execute("SELECT count(*) FROM pg_class")  # (a snapshot, held until the end)
-                held_since = time.monotonic()
-                churn_under_8_mb_and_see_the_worker_compact(db, timeout=75)
-                assert time.monotonic() - held_since >= 30, "not before the standby held the horizon for 30 s"
+        with a_query_on(standby):
+            held_since = time.monotonic()
+            churn_under_8_mb_and_see_the_worker_compact(db, timeout=75)
+            assert time.monotonic() - held_since >= 30, "not before the standby held the horizon for 30 s"
     finally:
         standby.remove()
         if slot:
@@ -316,11 +323,8 @@ def test_compaction_starts_again_from_a_malformed_standby_state(db):
     messages_in_every_state(db)
     standby = ScratchCluster(STANDBY_PORT)
     try:
-        start_a_standby(standby)
-        eventually(lambda: standby_xmin(db), timeout=30, interval=0.2, what="the standby's feedback")
-        with standby.connect() as reader, reader.transaction():
-            reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            reader.execute("SELECT count(*) FROM pg_class")  # (the standby's xmin stays here)
+        start_a_standby(db, standby)
+        with a_query_on(standby):  # (the standby's xmin stays behind)
             churn(db, 4000)  # (2 to 8 MB, no session holding vacuum back: it looks at the standbys)
             db.execute("SELECT outbox_enqueue('compaction.tail', '{}') FROM generate_series(1, 5)")
             assert CLEAN < hot_size(db) < LARGE
