@@ -386,4 +386,6 @@ $$;
 
 -- ======== new in 0.5.10 ========
 
--- ======== new in 0.5.11 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.11 ========
+
+-- ======== new in 0.5.12 (scripts/make-upgrade-script.sh copies from here to the end) ========
