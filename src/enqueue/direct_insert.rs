@@ -11,13 +11,15 @@
 //! first, and queues behind its message if it commits). Under REPEATABLE READ or SERIALIZABLE,
 //! where the key is held another way, and with a `dedupe_key`, the statements do it.
 //!
-//! Two things PostgreSQL would otherwise parse and compile again for every row are kept for
-//! the session: the column defaults (from `pg_attrdef`'s text), planned, and the predicates of
-//! the partial indexes, compiled. They are dropped whenever the relcache says the table or one
-//! of its indexes changed (`ALTER TABLE … SET DEFAULT`, `CREATE INDEX`, and vacuum's statistics
-//! too, which is rare enough) and, as the plan cache does, whenever a function or a type
-//! changes. A table with triggers or row-level security is written with the INSERT statements
-//! instead, so that they act as for any INSERT.
+//! What PostgreSQL would otherwise parse, compile or describe again for every row is kept for
+//! the session: the column defaults (from `pg_attrdef`'s text), compiled; what the executor
+//! needs of each B-tree index (its `IndexInfo`, which `ExecOpenIndices` builds again for every
+//! statement, copying the index's columns, options and predicate from the relcache); and the
+//! predicates of the partial indexes, compiled. They are dropped whenever the relcache says the
+//! table or one of its indexes changed (`ALTER TABLE … SET DEFAULT`, `CREATE INDEX`, an index
+//! becoming ready, and vacuum's statistics too, which is rare enough) and, as the plan cache
+//! does, whenever a function or a type changes. A table with triggers or row-level security is
+//! written with the INSERT statements instead, so that they act as for any INSERT.
 
 use crate::{compat, ordering};
 use pgrx::pg_sys;
@@ -27,8 +29,12 @@ use std::collections::HashMap;
 /// What is kept for the session, in its own memory context.
 struct Kept {
     context: pg_sys::MemoryContext,
-    /// Column number → its default, planned.
-    defaults: HashMap<i16, *mut pg_sys::Expr>,
+    /// Column number → its default, compiled.
+    defaults: HashMap<i16, *mut pg_sys::ExprState>,
+    /// Index → what the executor needs of it, for a B-tree index without expressions (None:
+    /// described for each row, as `ExecOpenIndices` does; another access method may keep state
+    /// of its own in the description, and expressions are compiled into it for one statement).
+    indexes: HashMap<pg_sys::Oid, Option<*mut pg_sys::IndexInfo>>,
     /// Partial index → its predicate, compiled.
     predicates: HashMap<pg_sys::Oid, *mut pg_sys::ExprState>,
     /// What a write with an ordering key looks up, once.
@@ -150,8 +156,56 @@ impl OpenTable {
         (*target).type_ = pg_sys::NodeTag::T_ResultRelInfo;
         pg_sys::InitResultRelInfo(target, relation, 0, std::ptr::null_mut(), 0);
         (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
-        pg_sys::ExecOpenIndices(target, false);
         Some(OpenTable { relation, estate, target, caller_context })
+    }
+
+    /// Opens the table's indexes (locked as `ExecOpenIndices` locks them, in the same order).
+    unsafe fn open_indexes(&self) -> Vec<pg_sys::Relation> {
+        if !(*(*self.relation).rd_rel).relhasindex {
+            return Vec::new();
+        }
+        let list = pg_sys::RelationGetIndexList(self.relation);
+        let count = if list.is_null() { 0 } else { (*list).length as usize };
+        let indexes = (0..count)
+            .map(|n| pg_sys::index_open((*(*list).elements.add(n)).oid_value, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE))
+            .collect();
+        pg_sys::list_free(list);
+        indexes
+    }
+
+    /// Gives `target` the open `indexes` with their descriptions: kept ones for the B-tree
+    /// indexes without expressions (with what a speculative insert needs for the unique ones,
+    /// built once too), new ones for the others.
+    unsafe fn describe_indexes(&self, indexes: &[pg_sys::Relation], kept: &mut Kept) {
+        let count = indexes.len();
+        (*self.target).ri_NumIndices = count as i32;
+        if count == 0 {
+            return;
+        }
+        let descriptors = pg_sys::palloc(std::mem::size_of_val(indexes)).cast::<pg_sys::Relation>();
+        std::ptr::copy_nonoverlapping(indexes.as_ptr(), descriptors, count);
+        let infos = pg_sys::palloc(count * std::mem::size_of::<*mut pg_sys::IndexInfo>()).cast::<*mut pg_sys::IndexInfo>();
+        for (n, &index) in indexes.iter().enumerate() {
+            let context = kept.context;
+            let kept_info = *kept.indexes.entry((*index).rd_id).or_insert_with(|| {
+                if (*(*index).rd_rel).relam != pg_sys::BTREE_AM_OID {
+                    return None;
+                }
+                let previous = pg_sys::MemoryContextSwitchTo(context);
+                let info = pg_sys::BuildIndexInfo(index);
+                if (*info).ii_Unique {
+                    pg_sys::BuildSpeculativeIndexInfo(index, info);
+                }
+                pg_sys::MemoryContextSwitchTo(previous);
+                // (The executor compiles an index's expressions into its description, for one
+                // statement.)
+                (*info).ii_Expressions.is_null().then_some(info)
+            });
+            let info = kept_info.unwrap_or_else(|| pg_sys::BuildIndexInfo(index));
+            *infos.add(n) = info;
+        }
+        (*self.target).ri_IndexRelationDescs = descriptors;
+        (*self.target).ri_IndexRelationInfo = infos;
     }
 
     /// The open index `index_id`, and what the executor knows of it.
@@ -162,10 +216,14 @@ impl OpenTable {
         (indexes[n], *(*self.target).ri_IndexRelationInfo.add(n))
     }
 
-    /// What is kept for this table, its predicates given to the indexes. (The locks are taken:
-    /// the invalidations that came before them have been read.)
+    /// Opens the indexes and returns what is kept for this table, its index descriptions and
+    /// predicates given to `target`. (What is kept is looked at once every lock is taken: the
+    /// invalidations that came before them have been read.)
     unsafe fn kept<'a>(&self, kept: &'a mut Option<Kept>) -> &'a mut Kept {
-        let kept = current(kept, relations(self.relation, self.target));
+        let indexes = self.open_indexes();
+        let relations = std::iter::once((*self.relation).rd_id).chain(indexes.iter().map(|index| (**index).rd_id)).collect();
+        let kept = current(kept, relations);
+        self.describe_indexes(&indexes, kept);
         use_kept_predicates(self.target, kept);
         kept
     }
@@ -213,8 +271,8 @@ unsafe fn key_has_head(table: &OpenTable, keyed: Keyed, key: pg_sys::Datum) -> b
 /// waited for).
 unsafe fn insert_unless_taken(table: &OpenTable, slot: *mut pg_sys::TupleTableSlot, head_index: pg_sys::Oid) -> bool {
     let (relation, target, estate) = (table.relation, table.target, table.estate);
-    // What ON CONFLICT's check needs of its arbiter (ExecOpenIndices builds it for every unique
-    // index when asked: only this one is checked).
+    // What ON CONFLICT's check needs of its arbiter (kept with a kept description; built here,
+    // for this row, in the other case).
     let (index, info) = table.index(head_index);
     if (*info).ii_UniqueOps.is_null() {
         pg_sys::BuildSpeculativeIndexInfo(index, info);
@@ -254,12 +312,6 @@ unsafe fn look_up_keyed(relation: pg_sys::Relation, schema: pg_sys::Oid) -> Keye
     }
 }
 
-/// The table and its indexes (opened in `target`).
-unsafe fn relations(relation: pg_sys::Relation, target: *mut pg_sys::ResultRelInfo) -> Vec<pg_sys::Oid> {
-    let indexes = (0..(*target).ri_NumIndices as usize).map(|n| (**(*target).ri_IndexRelationDescs.add(n)).rd_id);
-    std::iter::once((*relation).rd_id).chain(indexes).collect()
-}
-
 /// What is kept, for these relations: emptied first when it is stale or was kept for others.
 unsafe fn current(kept: &mut Option<Kept>, relations: Vec<pg_sys::Oid>) -> &mut Kept {
     let same_relations = WATCHED.with(|watched| *watched.borrow() == relations);
@@ -290,7 +342,7 @@ unsafe fn current(kept: &mut Option<Kept>, relations: Vec<pg_sys::Oid>) -> &mut 
         };
         WATCHED.with(|watched| *watched.borrow_mut() = relations);
         STALE.set(false);
-        *kept = Some(Kept { context, defaults: HashMap::new(), predicates: HashMap::new(), keyed: None });
+        *kept = Some(Kept { context, defaults: HashMap::new(), indexes: HashMap::new(), predicates: HashMap::new(), keyed: None });
     }
     kept.as_mut().expect("set above")
 }
@@ -346,14 +398,16 @@ unsafe fn row_slot(
             values[n] = *value;
             nulls[n] = false;
         } else if let Some(default) = defaults.iter().find(|d| d.adnum as usize == n + 1) {
+            // (A default cannot hold a subquery: compiled without a plan, it is evaluated in
+            // any row's expression context.)
             let context = kept.context;
-            let planned = *kept.defaults.entry(default.adnum).or_insert_with(|| {
+            let compiled = *kept.defaults.entry(default.adnum).or_insert_with(|| {
                 let previous = pg_sys::MemoryContextSwitchTo(context);
                 let planned = pg_sys::expression_planner(pg_sys::stringToNode(default.adbin).cast());
+                let compiled = pg_sys::ExecInitExpr(planned, std::ptr::null_mut());
                 pg_sys::MemoryContextSwitchTo(previous);
-                planned
+                compiled
             });
-            let compiled = pg_sys::ExecInitExpr(planned, std::ptr::null_mut());
             values[n] = pg_sys::ExecEvalExprSwitchContext(compiled, econtext, &mut nulls[n]);
         }
     }

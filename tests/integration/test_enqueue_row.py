@@ -7,6 +7,7 @@ import datetime
 import json
 import secrets
 import threading
+import time
 import uuid
 
 import psycopg
@@ -175,6 +176,46 @@ def test_the_session_follows_changes_to_the_table_made_while_it_lives(db):
         _, stored = enqueue_row(producer, "direct.indexed", "{}")
         assert stored["last_error"] is None and stored["created_at"] >= started
     assert indexes_agree_with_the_table(db) == 10
+
+
+def test_an_index_built_concurrently_gets_every_row_of_a_session_that_lives_through_it(db):
+    """CREATE INDEX CONCURRENTLY while a producer enqueues without a pause: the new index is
+    first in the table's list but not ready for inserts, then ready. The producer's session keeps
+    what it knows of each index (since 0.5.12): what it kept in the first phase must not keep
+    its rows out of the index once the index is ready."""
+    stop, failures, written = threading.Event(), [], [0]
+
+    def produce():
+        try:
+            with connect(autocommit=True) as producer:
+                while not stop.is_set():
+                    producer.execute("SELECT outbox_enqueue('direct.concurrent', '{}')")
+                    written[0] += 1
+        except Exception as failure:  # noqa: BLE001 (reported below)
+            failures.append(failure)
+
+    def wait_for_rows(count):
+        deadline = time.monotonic() + 30
+        while written[0] < count and not failures:
+            assert time.monotonic() < deadline, f"the producer wrote {written[0]} rows of {count}"
+            time.sleep(0.01)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        wait_for_rows(50)
+        db.execute("CREATE INDEX CONCURRENTLY outbox_direct_concurrent_idx ON outbox (id) WHERE topic = 'direct.concurrent'")
+        wait_for_rows(written[0] + 50)
+    finally:
+        stop.set()
+        producer.join()
+    assert failures == []
+    try:
+        assert indexes_agree_with_the_table(db) == 11, "the new index has every row, before and after it was ready"
+        rows = db.execute("SELECT count(*) FROM outbox WHERE topic = 'direct.concurrent'").fetchone()[0]
+        assert rows == written[0], "one row for each enqueue"
+    finally:
+        db.execute("DROP INDEX outbox_direct_concurrent_idx")
 
 
 def test_a_table_with_triggers_is_written_as_by_an_insert(db):
