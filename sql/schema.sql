@@ -388,4 +388,6 @@ $$;
 
 -- ======== new in 0.5.11 ========
 
--- ======== new in 0.5.12 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.12 ========
+
+-- ======== new in 0.5.13 (scripts/make-upgrade-script.sh copies from here to the end) ========
