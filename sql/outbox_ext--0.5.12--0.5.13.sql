@@ -940,9 +940,14 @@ COMMENT ON FUNCTION outbox_archive(integer) IS
 -- xmin horizon (idle in transaction, a long query), every claim, completion and move to the
 -- history leaves a version that no vacuum can remove, so what the claims read grows with the
 -- traffic, and stays grown afterwards. The live rows are few: under an exclusive lock this
--- copies them, empties both tables with TRUNCATE (which frees their files whatever the
--- horizon) and writes them back, unchanged, in one transaction: a crash leaves the tables as
--- they were. Returns how many rows it kept, or NULL when it did nothing (docs/storage.md):
+-- copies them, empties the table with TRUNCATE (which frees its files whatever the horizon)
+-- and writes them back, unchanged, in one transaction: a crash leaves the tables as they were.
+-- Only a table over 2 MB is compacted (both when forced), and only it is locked: TRUNCATE
+-- builds each of a table's indexes again (before PostgreSQL 17 each build waits for its own
+-- fsync), and every statement on a locked table waits meanwhile. Each TRUNCATE names ONLY its
+-- table: the history tables inherit from these two, and a TRUNCATE without ONLY would empty
+-- them too (0.5.7 to 0.5.12 emptied outbox_delivery's so; docs/upgrades.md).
+-- Returns how many rows it kept, or NULL when it did nothing (docs/storage.md):
 --   - unless forced, when the tables are small (under 2 MB each), or under 8 MB while no
 --     transaction of this database (nor a prepared one) has held the horizon back for 10
 --     seconds and no replication slot that nobody uses holds it (autovacuum
@@ -975,6 +980,10 @@ DECLARE
     standby_xmins jsonb;
     seen_xmins  jsonb;
     horizon     xid;
+    -- Which tables this call compacts: over small_table, or both when forced.
+    compact_messages   boolean;
+    compact_deliveries boolean;
+    compacted   text;
     messages    @extschema@.outbox[];
     deliveries  @extschema@.outbox_delivery[];
     kept        bigint;
@@ -988,13 +997,16 @@ BEGIN
         RAISE EXCEPTION 'outbox_compact: max_live_rows must be between 0 and 1000000, got %', max_live_rows
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    compact_messages := force OR pg_relation_size('@extschema@.outbox'::regclass) >= small_table;
+    compact_deliveries := force OR pg_relation_size('@extschema@.outbox_delivery'::regclass) >= small_table;
     largest := greatest(pg_relation_size('@extschema@.outbox'::regclass),
                         pg_relation_size('@extschema@.outbox_delivery'::regclass));
     IF NOT force AND (
            largest < small_table
            -- (Counted before the lock: a large backlog is never locked up only to be counted.)
-        OR pg_stat_get_live_tuples('@extschema@.outbox'::regclass)
-           + pg_stat_get_live_tuples('@extschema@.outbox_delivery'::regclass) > max_live_rows)
+        OR CASE WHEN compact_messages THEN pg_stat_get_live_tuples('@extschema@.outbox'::regclass) ELSE 0 END
+           + CASE WHEN compact_deliveries THEN pg_stat_get_live_tuples('@extschema@.outbox_delivery'::regclass) ELSE 0 END
+           > max_live_rows)
     THEN
         RETURN NULL;
     END IF;
@@ -1056,36 +1068,56 @@ BEGIN
                                WHERE n.pnpubid = p.oid AND n.pnnspid = '@extschema@'::regnamespace)) THEN
         RETURN NULL;
     END IF;
+    -- (A table left alone is not locked either: the worker's deliveries go on meanwhile.)
     BEGIN
-        LOCK TABLE ONLY @extschema@.outbox, ONLY @extschema@.outbox_delivery IN ACCESS EXCLUSIVE MODE;
+        IF compact_messages AND compact_deliveries THEN
+            LOCK TABLE ONLY @extschema@.outbox, ONLY @extschema@.outbox_delivery IN ACCESS EXCLUSIVE MODE;
+            compacted := 'outbox and outbox_delivery';
+        ELSIF compact_messages THEN
+            LOCK TABLE ONLY @extschema@.outbox IN ACCESS EXCLUSIVE MODE;
+            compacted := 'outbox';
+        ELSE
+            LOCK TABLE ONLY @extschema@.outbox_delivery IN ACCESS EXCLUSIVE MODE;
+            compacted := 'outbox_delivery';
+        END IF;
     EXCEPTION WHEN lock_not_available THEN
         RETURN NULL;
     END;
-    SELECT array_agg(o) INTO messages
-      FROM (SELECT o FROM ONLY @extschema@.outbox o LIMIT max_live_rows + 1) o;
-    SELECT array_agg(d) INTO deliveries
-      FROM (SELECT d FROM ONLY @extschema@.outbox_delivery d LIMIT max_live_rows + 1) d;
+    IF compact_messages THEN
+        SELECT array_agg(o) INTO messages
+          FROM (SELECT o FROM ONLY @extschema@.outbox o LIMIT max_live_rows + 1) o;
+    END IF;
+    IF compact_deliveries THEN
+        SELECT array_agg(d) INTO deliveries
+          FROM (SELECT d FROM ONLY @extschema@.outbox_delivery d LIMIT max_live_rows + 1) d;
+    END IF;
     kept := coalesce(cardinality(messages), 0) + coalesce(cardinality(deliveries), 0);
     IF kept > max_live_rows THEN
         RETURN NULL;
     END IF;
-    size_before := pg_total_relation_size('@extschema@.outbox'::regclass)
-                 + pg_total_relation_size('@extschema@.outbox_delivery'::regclass);
-    TRUNCATE ONLY @extschema@.outbox, @extschema@.outbox_delivery;
-    INSERT INTO @extschema@.outbox SELECT * FROM unnest(messages);
-    INSERT INTO @extschema@.outbox_delivery SELECT * FROM unnest(deliveries);
+    size_before := CASE WHEN compact_messages THEN pg_total_relation_size('@extschema@.outbox'::regclass) ELSE 0 END
+                 + CASE WHEN compact_deliveries THEN pg_total_relation_size('@extschema@.outbox_delivery'::regclass) ELSE 0 END;
+    IF compact_messages THEN
+        TRUNCATE ONLY @extschema@.outbox;
+        INSERT INTO @extschema@.outbox SELECT * FROM unnest(messages);
+    END IF;
+    IF compact_deliveries THEN
+        TRUNCATE ONLY @extschema@.outbox_delivery;
+        INSERT INTO @extschema@.outbox_delivery SELECT * FROM unnest(deliveries);
+    END IF;
     -- (An event worth the server log, as autovacuum's are: an exclusive lock and a new file.)
-    RAISE LOG 'outbox_compact: compacted outbox and outbox_delivery from % to % (% live rows kept)',
+    RAISE LOG 'outbox_compact: compacted % from % to % (% live rows kept)',
+        compacted,
         pg_size_pretty(size_before),
-        pg_size_pretty(pg_total_relation_size('@extschema@.outbox'::regclass)
-                       + pg_total_relation_size('@extschema@.outbox_delivery'::regclass)),
+        pg_size_pretty(CASE WHEN compact_messages THEN pg_total_relation_size('@extschema@.outbox'::regclass) ELSE 0 END
+                       + CASE WHEN compact_deliveries THEN pg_total_relation_size('@extschema@.outbox_delivery'::regclass) ELSE 0 END),
         kept;
     RETURN kept;
 END
 $$;
 
 COMMENT ON FUNCTION outbox_compact(boolean, integer) IS
-'Gives outbox and outbox_delivery (not their histories) back the space of row versions vacuum may not remove yet: under an exclusive lock, copies the live rows, empties the tables with TRUNCATE and writes the rows back. Unless forced, only when a table is over 8 MB, or over 2 MB while a transaction has held the xmin horizon back for 10 s, an inactive replication slot holds it, or a connected standby''s xmin has been behind the primary''s own for 30 s (seen by calls from the same session: the worker''s). Returns the rows kept, or NULL when it did nothing (small tables, a publication, the lock not granted within 20 ms, more than max_live_rows live rows). The delivery worker calls it every second.';
+'Gives outbox and outbox_delivery (not their histories) back the space of row versions vacuum may not remove yet: under an exclusive lock, copies the live rows, empties the table with TRUNCATE and writes the rows back; only a table over 2 MB (both when forced). Unless forced, only when a table is over 8 MB, or over 2 MB while a transaction has held the xmin horizon back for 10 s, an inactive replication slot holds it, or a connected standby''s xmin has been behind the primary''s own for 30 s (seen by calls from the same session: the worker''s). Returns the rows kept, or NULL when it did nothing (small tables, a publication, the lock not granted within 20 ms, more than max_live_rows live rows). The delivery worker calls it every second.';
 
 -- purge: delete DONE rows (and DEAD ones, when asked) finished longer than older_than ago,
 -- at most max_rows of them, oldest first, with their deliveries. Bounded so no call holds its

@@ -1,7 +1,8 @@
 """Compaction of the hot tables (0.5.7): while a transaction holds the xmin horizon back, every
 claim and completion leaves a row version no vacuum may remove, and outbox grows with the
-traffic. outbox_compact empties outbox and outbox_delivery with TRUNCATE and writes their few
-live rows back; the delivery worker calls it every second (docs/storage.md)."""
+traffic. outbox_compact empties outbox and outbox_delivery (each over 2 MB, not their history
+tables) with TRUNCATE and writes their few live rows back; the delivery worker calls it every
+second (docs/storage.md)."""
 import os
 import re
 import subprocess
@@ -19,7 +20,8 @@ CLEAN = 2 * 1024 * 1024  # below this, outbox_compact leaves the tables alone un
 LARGE = 8 * 1024 * 1024  # above this, it compacts them even with no horizon held back
 PAYLOAD = "x" * 1000
 # What every compaction writes to the server log (LOG), whoever called it.
-COMPACTED = re.compile(r"outbox_compact: compacted outbox and outbox_delivery from \d+ \w+ to \d+ \w+ \((\d+) live rows kept\)")
+COMPACTED = re.compile(r"outbox_compact: compacted (?:outbox and outbox_delivery|outbox|outbox_delivery) "
+                       r"from \d+ \w+ to \d+ \w+ \((\d+) live rows kept\)")
 
 
 def hot_size(conn):
@@ -59,10 +61,13 @@ def wait_for_the_worker_to_compact(conn, compacted_during_the_churn, timeout=30)
 
 
 def live_rows(conn):
-    """Every row of the hot tables, whole, and how many rows outbox shows with its history."""
+    """Every row of the hot tables and of the deliveries' history, whole, and how many rows
+    outbox shows with its history."""
     messages = conn.execute("SELECT o::text FROM ONLY outbox o ORDER BY id").fetchall()
     deliveries = conn.execute("SELECT d::text FROM ONLY outbox_delivery d ORDER BY message_id, subscription_id").fetchall()
-    return messages, deliveries, conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
+    ended_deliveries = conn.execute("SELECT d::text, d.tableoid::regclass::text FROM outbox_delivery d "
+                                    "WHERE d.tableoid <> 'outbox_delivery'::regclass ORDER BY 1").fetchall()
+    return messages, deliveries, ended_deliveries, conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
 
 
 def messages_in_every_state(conn):
@@ -83,6 +88,18 @@ def messages_in_every_state(conn):
     conn.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts)
                     SELECT id, %s, 'PENDING', 0 FROM ONLY outbox WHERE topic = 'compaction.kept' LIMIT 5""",
                  (subscription,))
+    # Delivered and ended two minutes ago: outbox_archive moves it, with its delivery, to the
+    # history of its day (the history tables inherit from outbox and outbox_delivery).
+    conn.execute("SELECT outbox_enqueue('compaction.archived', '{}')")
+    archived = conn.execute("SELECT id FROM outbox_claim(1, '{compaction.archived}', lease => NULL)").fetchone()[0]
+    conn.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, processed_at)
+                    VALUES (%s, %s, 'DONE', 1, now() - interval '2 minutes')""", (archived, subscription))
+    conn.execute("UPDATE ONLY outbox SET status = 'DONE', processed_at = now() - interval '2 minutes' WHERE id = %s",
+                 (archived,))
+    eventually(lambda: conn.execute("SELECT outbox_archive()")
+               and conn.execute("SELECT count(*) FROM outbox_delivery d WHERE d.message_id = %s "
+                                "AND d.tableoid <> 'outbox_delivery'::regclass", (archived,)).fetchone()[0] == 1,
+               what="the archive of a delivered message")
     assert conn.execute("SELECT status FROM outbox WHERE id = %s", (dead,)).fetchone()[0] == "DEAD"
     return leased
 
@@ -97,6 +114,7 @@ def test_compaction_writes_every_live_row_back_unchanged_and_the_api_goes_on(db)
 
     assert kept == len(before[0]) + len(before[1]), "returns how many rows it wrote back"
     assert [int(n) for n in COMPACTED.findall(log.since())] == [kept], "the server log says what it did"
+    assert before[2], "a delivery in the history"
     assert live_rows(db) == before, "every message and delivery whole, the history untouched"
     assert hot_size(db) < 64 * 1024, "the space of the dead versions is given back"
     # The indexes were rebuilt with the tables: the lease, the key order and the dedupe key hold.
@@ -178,12 +196,58 @@ def test_the_worker_gives_the_space_back_while_a_transaction_holds_vacuum_back(d
                 time.sleep(3)
                 assert hot_size(db) >= grown, "outbox.compaction = off: the worker leaves the tables alone"
         after = live_rows(db)
-        assert after[:2] == before[:2], [set(a) ^ set(b) for a, b in zip(after[:2], before[:2])]
+        assert after[:3] == before[:3], [set(a) ^ set(b) for a, b in zip(after[:3], before[:3])]
         # outbox_worker_status() shows the worker's compactions.
         if compaction == "on":
             assert compactions_counted_after(db, compactions_before)[1] > started
         else:
             assert worker_compactions(db)[0] == compactions_before
+    finally:
+        reset_worker_settings()
+
+
+def test_a_compaction_leaves_alone_and_unlocked_a_table_that_has_not_grown(db):
+    """Only a table over 2 MB is compacted, and only it is locked: a session idle in its
+    transaction after reading outbox_delivery (an operator's report) holds the horizon back and
+    a lock on that table, and outbox is compacted all the same; outbox_delivery keeps its file."""
+    messages_in_every_state(db)
+    delivery_file = db.execute("SELECT pg_relation_filenode('outbox_delivery')").fetchone()[0]
+    log = ServerLog()
+    with connect() as holder:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM ONLY outbox_delivery")
+        churn_under_8_mb_and_see_the_worker_compact(db)
+        holder.rollback()
+    assert db.execute("SELECT pg_relation_filenode('outbox_delivery')").fetchone()[0] == delivery_file
+    assert "outbox_compact: compacted outbox from" in log.since()
+
+
+def test_a_table_over_8_mb_is_compacted_alone_while_the_other_is_in_use(db):
+    """Over 8 MB a table is compacted with no horizon held back, and alone: outbox, small, is
+    neither locked (a report reading it does not keep the compaction out) nor emptied."""
+    configure_worker({"outbox.compaction": "off"})  # (this test's call is the only one)
+    try:
+        messages_in_every_state(db)
+        subscription = disabled_endpoint(db, "compaction.elsewhere")
+        # Deliveries of messages that never were (no key ties them), all deleted but the last:
+        # over 8 MB of dead versions whose last page vacuum may not cut off.
+        db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts)
+                      SELECT -g, %s, 'PENDING', 0 FROM generate_series(1, 150001) g""", (subscription,))
+        db.execute("DELETE FROM ONLY outbox_delivery WHERE message_id BETWEEN -150000 AND -1")
+        db.execute("SELECT pg_stat_force_next_flush()")  # (it counts the live rows in the statistics first)
+        assert db.execute("SELECT pg_relation_size('outbox_delivery')").fetchone()[0] > LARGE
+        before = live_rows(db)
+        message_file = db.execute("SELECT pg_relation_filenode('outbox')").fetchone()[0]
+        log = ServerLog()
+        with connect() as report:
+            report.execute("SELECT count(*) FROM ONLY outbox")  # (its lock on outbox lasts until it ends)
+            kept = db.execute("SELECT outbox_compact()").fetchone()[0]
+            report.rollback()
+        assert kept == len(before[1]), "the deliveries written back, only them"
+        assert [int(n) for n in re.findall(r"compacted outbox_delivery from \S+ \w+ to \S+ \w+ \((\d+) live", log.since())] == [kept]
+        assert live_rows(db) == before
+        assert db.execute("SELECT pg_relation_size('outbox_delivery')").fetchone()[0] < 64 * 1024
+        assert db.execute("SELECT pg_relation_filenode('outbox')").fetchone()[0] == message_file
     finally:
         reset_worker_settings()
 
@@ -202,8 +266,8 @@ def churn_under_8_mb_and_see_the_worker_compact(db, timeout=30):
     compacted_during_the_churn = worker_compactions(db)[0] > compactions_before
     assert grown < LARGE and (grown > CLEAN or compacted_during_the_churn), f"the churn left {grown} bytes"
     wait_for_the_worker_to_compact(db, compacted_during_the_churn, timeout)
-    assert live_rows(db)[:2] == before[:2]
-    assert set(kept[0]) < set(before[0]) and kept[1] == before[1], "a compaction during the churn kept every row too"
+    assert live_rows(db)[:3] == before[:3]
+    assert set(kept[0]) < set(before[0]) and kept[1:3] == before[1:3], "a compaction during the churn kept every row too"
     compactions_counted_after(db, compactions_before)
 
 
