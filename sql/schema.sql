@@ -390,4 +390,6 @@ $$;
 
 -- ======== new in 0.5.12 ========
 
--- ======== new in 0.5.13 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.13 ========
+
+-- ======== new in 0.5.14 (scripts/make-upgrade-script.sh copies from here to the end) ========
