@@ -392,4 +392,6 @@ $$;
 
 -- ======== new in 0.5.13 ========
 
--- ======== new in 0.5.14 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.14 ========
+
+-- ======== new in 0.5.15 (scripts/make-upgrade-script.sh copies from here to the end) ========
