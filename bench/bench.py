@@ -719,10 +719,11 @@ def retention(cluster, s):
     day = "(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') - interval '3 days'"
 
     def dead_rows(conn, pattern):
+        """Per table matching `pattern`: (n_tup_del, n_dead_tup)."""
         conn.execute("SELECT pg_stat_force_next_flush()")
         conn.execute("SELECT pg_stat_clear_snapshot()")
-        return conn.execute("SELECT coalesce(sum(n_tup_del), 0), coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables "
-                            "WHERE relname LIKE %s", (pattern,)).fetchone()
+        return {name: (deleted, dead) for name, deleted, dead in conn.execute(
+            "SELECT relname, n_tup_del, n_dead_tup FROM pg_stat_user_tables WHERE relname LIKE %s", (pattern,))}
 
     def measure(conn, fill, purge, pattern, then=None):
         truncate(conn, "outbox, outbox_delivery_attempt, attempt_log_unpartitioned")
@@ -732,13 +733,21 @@ def retention(cluster, s):
             then(conn)
         then_ms = (time.monotonic() - began) * 1000
         conn.execute("VACUUM ANALYZE")
-        deleted_before, _ = dead_rows(conn, pattern)
+        before = dead_rows(conn, pattern)
         began = time.monotonic()
         purge(conn)
         elapsed_ms = (time.monotonic() - began) * 1000
-        deleted_after, dead_after = dead_rows(conn, pattern)
-        return {"ms": elapsed_ms, "deleted": int(deleted_after - deleted_before), "dead_tuples": int(dead_after),
-                "then_ms": then_ms}
+        after = dead_rows(conn, pattern)
+        # What the purge left, table by table: dead tuples that VACUUM could not remove before it
+        # (a snapshot held elsewhere) are not the purge's, nor are tables it dropped.
+        left = {name: (deleted - before.get(name, (0, 0))[0], dead - before.get(name, (0, 0))[1])
+                for name, (deleted, dead) in after.items()}
+        return {"ms": elapsed_ms, "then_ms": then_ms,
+                "deleted": int(sum(max(0, d) for d, _ in left.values())),
+                "dead_tuples": int(sum(max(0, d) for _, d in left.values())),
+                "dead_tuples_before": int(sum(dead for _, dead in before.values())),
+                "dead_before_by_table": {name: int(dead) for name, (_, dead) in before.items() if dead},
+                "by_table": {name: {"deleted": int(d), "dead_tuples": int(t)} for name, (d, t) in left.items() if d or t}}
 
     def purge_messages(conn):
         while conn.execute("SELECT outbox_purge(interval '1 day')").fetchone()[0] == 10_000:
@@ -783,6 +792,16 @@ def retention_lines(rows):
         lines.append(f"| {r['rows']:,} | {a['ms']:.0f} | {a['dead_tuples']:,} dead, {a['deleted']:,} deleted | {d['ms']:.0f} "
                      f"| {d['dead_tuples']:,} dead, {d['deleted']:,} deleted | {m['ms']:.0f} "
                      f"| {m['dead_tuples']:,} dead, {m['deleted']:,} deleted | {m['then_ms']:.0f} |")
+    lines += ["", "Left for vacuum: what each table's `n_tup_del` and `n_dead_tup` gained during the purge "
+              "(a table the purge emptied or dropped gains nothing)."]
+    for r in rows:
+        for case in ("attempt_log", "attempt_log_delete", "messages"):
+            m = r[case]
+            if m["dead_tuples_before"] or m["by_table"]:
+                tables = ", ".join(f"{name} {t['dead_tuples']:+,} dead, {t['deleted']:+,} deleted" for name, t in sorted(m["by_table"].items()))
+                held = ", ".join(f"{name} {dead:,}" for name, dead in sorted(m["dead_before_by_table"].items()))
+                lines.append(f"- {r['rows']:,} rows, {case}: {m['dead_tuples_before']:,} dead tuples before the purge, "
+                             f"after VACUUM ({held or 'none'}); the purge's: {tables or 'none'}.")
     lines.append("")
     return lines
 
