@@ -409,10 +409,14 @@ impl Worker {
         if let Some(at) = self.retry_at {
             return at.saturating_duration_since(Instant::now()); // a step failed
         }
-        let mut wait = self.next_refresh.saturating_duration_since(Instant::now());
+        let claiming = !self.draining && self.settings.enabled;
+        // Not claiming (paused by outbox.worker_enabled = off, or stopping), the worker refreshes
+        // nothing and starts nothing: it waits for a reload or an answer, polling now and then.
+        // (Counting from a refresh time it no longer moves, it ran a step per loop, without end.)
+        let mut wait = if claiming { self.next_refresh.saturating_duration_since(Instant::now()) } else { self.settings.poll_interval };
         let now = crate::backend::now();
         let max_in_flight = self.settings.max_in_flight;
-        if self.pool.in_flight() < max_in_flight && !self.draining {
+        if claiming && self.pool.in_flight() < max_in_flight {
             if self.messages_may_be_ready {
                 wait = Duration::ZERO;
             }

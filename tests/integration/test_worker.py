@@ -251,6 +251,34 @@ def test_a_reload_applies_the_worker_settings(worker, receiver):
     eventually(status_is(worker, message_id, "DONE"), what="delivery after re-enabling")
 
 
+def cpu_seconds(pid):
+    """The CPU time a process has used so far (user and system), from /proc."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_paused_worker_sleeps(worker, receiver):
+    """outbox.worker_enabled = off pauses delivery: the worker must then wait for a reload, not
+    spin (it ran a transaction per loop, about 80,000 a second, a whole core). Idle and enabled
+    it sleeps too. The bound is generous: a spinning worker uses the whole interval."""
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    pid = worker_pid(worker)
+    for enabled in ("on", "off"):
+        configure_worker({"outbox.worker_enabled": enabled})
+        expected = "idle" if enabled == "on" else "disabled"
+        eventually(lambda: worker.execute("SELECT state FROM outbox_worker_status() WHERE database = current_database()").fetchone()[0].startswith(expected))
+        time.sleep(0.5)  # past the poll interval after the reload
+        before, started = cpu_seconds(pid), time.monotonic()
+        time.sleep(3)
+        busy = (cpu_seconds(pid) - before) / (time.monotonic() - started)
+        assert busy < 0.2, f"the worker used {busy:.0%} of a CPU while {expected}"
+    message_id, _ = enqueue(worker)
+    time.sleep(0.5)
+    assert receiver.requests == [] and message(worker, message_id)[:2] == ("PENDING", 0)
+    configure_worker({"outbox.worker_enabled": "on"})
+    eventually(status_is(worker, message_id, "DONE"), what="delivery after re-enabling")
+
+
 def test_a_slow_endpoint_is_cut_off_by_its_timeout(worker, receiver):
     worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => interval '500 milliseconds')", (receiver.url,))
     receiver.answer(200, delay=3)
