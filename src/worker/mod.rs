@@ -114,6 +114,8 @@ struct Worker {
     /// a poll interval passed (delays and backoffs run out).
     messages_may_be_ready: bool,
     draining: bool,
+    /// The database's extension is older than the library: nothing runs until its update.
+    waiting_for_update: bool,
     /// Once draining: the time by which the worker exits, whatever is left (the slowest request
     /// in flight gives up by then).
     drain_deadline: Option<Instant>,
@@ -152,6 +154,7 @@ impl Worker {
             retry_at: None,
             messages_may_be_ready: true,
             draining: false,
+            waiting_for_update: false,
             drain_deadline: None,
         }
     }
@@ -213,6 +216,7 @@ impl Worker {
             match step {
                 Ok(Step::BackingOff | Step::NotNeeded) => {}
                 Ok(Step::Ran { recorded, claimed }) => {
+                    self.waiting_for_update = false;
                     self.retry_wait = FIRST_RETRY_WAIT;
                     self.retry_at = None;
                     self.finished.clear();
@@ -231,7 +235,7 @@ impl Worker {
                     pgrx::log!("outbox_ext: database \"{database}\" no longer has outbox_ext; its delivery worker stops");
                     return ExitReason::NoExtension;
                 }
-                Ok(Step::WaitingForUpdate) => self.set_state(WorkerState::WaitingForUpdate),
+                Ok(Step::WaitingForUpdate) => self.waiting_for_update = true,
                 Err(failure) => {
                     pgrx::warning!("outbox_ext: a delivery step failed, trying again in {:?}: {failure}", self.retry_wait);
                     // While draining, answers still wait to be recorded: try at least once a second.
@@ -243,7 +247,7 @@ impl Worker {
                     }
                 }
             }
-            self.publish_state(claiming);
+            self.publish_state();
 
             if self.draining {
                 let done = self.pool.in_flight() == 0 && self.finished.is_empty() && self.handing_back.is_empty();
@@ -383,10 +387,12 @@ impl Worker {
         }
     }
 
-    fn publish_state(&self, claiming: bool) {
+    fn publish_state(&self) {
         let in_flight = self.pool.in_flight() as i32;
         let state = if self.draining {
             WorkerState::Draining
+        } else if self.waiting_for_update {
+            WorkerState::WaitingForUpdate
         } else if !self.settings.enabled {
             WorkerState::Disabled
         } else if in_flight > 0 {
@@ -397,9 +403,7 @@ impl Worker {
         registry::update(self.slot, |s| {
             s.in_flight = in_flight;
             s.last_poll_at = crate::backend::now();
-            if s.state != WorkerState::WaitingForUpdate || claiming {
-                s.state = state;
-            }
+            s.state = state;
         });
     }
 
@@ -409,9 +413,10 @@ impl Worker {
         if let Some(at) = self.retry_at {
             return at.saturating_duration_since(Instant::now()); // a step failed
         }
-        let claiming = !self.draining && self.settings.enabled;
-        // Not claiming (paused by outbox.worker_enabled = off, or stopping), the worker refreshes
-        // nothing and starts nothing: it waits for a reload or an answer, polling now and then.
+        let claiming = !self.draining && self.settings.enabled && !self.waiting_for_update;
+        // Not claiming (paused by outbox.worker_enabled = off, stopping, or waiting for the
+        // database's ALTER EXTENSION … UPDATE), the worker refreshes nothing and starts nothing:
+        // it waits for a reload, an answer or the update's commit, polling now and then.
         // (Counting from a refresh time it no longer moves, it ran a step per loop, without end.)
         let mut wait = if claiming { self.next_refresh.saturating_duration_since(Instant::now()) } else { self.settings.poll_interval };
         let now = crate::backend::now();

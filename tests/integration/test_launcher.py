@@ -1,7 +1,10 @@
 """Delivery in any database: with shared_preload_libraries = 'outbox_ext' and nothing else,
 CREATE EXTENSION is enough. A server of its own, configured only with the preload."""
 
+import os
+import pathlib
 import time
+import tomllib
 
 import pytest
 
@@ -10,6 +13,11 @@ from support.cluster import ScratchCluster
 from support.receiver import Receiver
 
 PORT = 25342
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CURRENT = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
+# The latest release before the library's version (its install script is frozen in sql/versions/).
+PREVIOUS = max((p.name.removeprefix("outbox_ext--").removesuffix(".sql") for p in (ROOT / "sql/versions").glob("outbox_ext--*.sql")),
+               key=lambda v: tuple(int(n) for n in v.split(".")))
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +142,38 @@ def test_no_connection_to_a_database_that_allows_none(cluster):
     with cluster.connect() as admin:
         admin.execute("ALTER DATABASE closed WITH ALLOW_CONNECTIONS true")
         admin.execute("DROP DATABASE closed")
+
+
+def cpu_seconds(pid):
+    """The CPU time a process has used so far (user and system), from /proc."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_database_on_an_older_version_waits_for_its_update_asleep(cluster, receiver):
+    """After a new library, a database still on the old version has a worker that waits for
+    ALTER EXTENSION … UPDATE and says so (docs/upgrades.md). It said "idle" and ran a
+    transaction per loop, a whole core, until the update."""
+    assert PREVIOUS != CURRENT
+    cluster.create_database("current")
+    cluster.create_database("behind", extension=False)
+    with cluster.connect("behind") as conn:
+        conn.execute(f"CREATE EXTENSION outbox_ext VERSION '{PREVIOUS}'")
+    eventually(lambda: "behind" in cluster.worker_pids(), timeout=10, what="its worker")
+    pid = cluster.worker_pids()["behind"]
+
+    def state():
+        with cluster.connect("current") as conn:
+            return conn.execute("SELECT state FROM outbox_worker_status() WHERE database = 'behind'").fetchone()[0]
+
+    eventually(lambda: state() == "waiting for ALTER EXTENSION outbox_ext UPDATE", what="the state that says why")
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(3)
+    busy = (cpu_seconds(pid) - before) / (time.monotonic() - started)
+    assert busy < 0.2, f"the worker used {busy:.0%} of a CPU while waiting for the update"
+    assert state() == "waiting for ALTER EXTENSION outbox_ext UPDATE"
+
+    with cluster.connect("behind") as conn:
+        conn.execute("ALTER EXTENSION outbox_ext UPDATE")
+    deliver_one(cluster, "behind", receiver, "after.update")
+    assert state() in ("idle", "delivering")
