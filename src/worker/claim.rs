@@ -97,9 +97,12 @@ pub fn claim_for_endpoint(
         .map(|r| (locked.get(r, 1).expect("message"), locked.get(r, 2).expect("attempts"), locked.get::<i32>(r, 3).unwrap_or(0).into()))
         .collect();
     if rows.len() < slots {
-        // Nothing more is due now; the next refresh (or a recorded failure) says when.
+        // Nothing more is due now. A due time still ahead (a retry recorded since the last
+        // reading) stays, to wake the worker then; the next refresh reads them all again.
         state.due_now = false;
-        state.next_due = None;
+        if state.next_due.is_some_and(|due| due <= now) {
+            state.next_due = None;
+        }
     }
     let (exhausted, live): (Vec<_>, Vec<_>) = rows.into_iter().partition(|&(_, attempts, _)| policy.is_exhausted(attempts));
     if !exhausted.is_empty() {
@@ -110,15 +113,18 @@ pub fn claim_for_endpoint(
         record::settle_messages(spi, schema, messages);
     }
     let chosen = fitting(&live.iter().map(|&(id, _, bytes)| (id, bytes)).collect::<Vec<_>>(), byte_budget, nothing_in_flight);
-    if chosen.len() < live.len() {
+    let left_for_room = chosen.len() < live.len();
+    if left_for_room {
         // The worker's memory for payloads is spent: the rest waits for room (and stays
-        // locked only until this transaction ends).
+        // locked only until this transaction ends); no claim until an answer frees some.
         state.due_now = true;
     }
+    let timeout = state.endpoint.timeout;
+    endpoints.waiting_for_payload_room |= left_for_room;
     if chosen.is_empty() {
         return Vec::new();
     }
-    let (lease, start_within) = endpoints::lease_for(state.endpoint.timeout, size.rounds(chosen.len()));
+    let (lease, start_within) = endpoints::lease_for(timeout, size.rounds(chosen.len()));
     let lease = interval::from_duration(lease);
     let leased = spi.execute(
         &LEASE,

@@ -225,6 +225,9 @@ pub struct Endpoints {
     loaded: bool,
     /// Where the next pick-up of ready messages starts reading.
     pub fan_out_head: QueueHead,
+    /// A claim left due deliveries behind because their payloads did not fit the worker's
+    /// memory (outbox.worker_memory): no claim until an answer (or a hand-back) frees some.
+    pub waiting_for_payload_room: bool,
 }
 
 impl Endpoints {
@@ -438,21 +441,38 @@ impl Endpoints {
 
     /// How long the worker may sleep before an endpoint with work can start a request: zero
     /// when one can now, the wait for a rate limit's next token, or `None` when every endpoint
-    /// with work waits for an answer (which wakes the worker) or has none due.
+    /// with work waits for an answer (which wakes the worker) or has none due. Due deliveries
+    /// not yet leased count only while a claim could lease them (not while the worker waits
+    /// for payload room).
     pub fn wait_for_due_work(&self, max_in_flight: usize, now: Instant) -> Option<Duration> {
         let share = self.share(max_in_flight);
+        let may_claim = !self.waiting_for_payload_room;
         self.by_id
             .values()
-            .filter(|e| (e.wants_to_send() || (e.enabled && !e.queued.is_empty())) && e.room(share) > 0)
+            .filter(|e| ((may_claim && e.wants_to_send()) || (e.enabled && !e.queued.is_empty())) && e.room(share) > 0)
             .map(|e| e.rate.map_or(Duration::ZERO, |bucket| bucket.wait_for_one(now)))
             .min()
     }
 
-    /// The earliest time an enabled endpoint with room for a request has a delivery due (one
-    /// without room is woken by an answer).
+    /// The earliest time an enabled endpoint with room for a request, and nothing due now,
+    /// has a delivery due (one without room is woken by an answer; one due now waits as
+    /// [`Endpoints::wait_for_due_work`] says: its oldest due delivery lies in the past).
     pub fn earliest_due(&self, max_in_flight: usize) -> Option<pg_sys::TimestampTz> {
+        if self.waiting_for_payload_room {
+            return None;
+        }
         let share = self.share(max_in_flight);
-        self.by_id.values().filter(|e| e.enabled && e.room(share) > 0).filter_map(|e| e.next_due).min()
+        self.by_id.values().filter(|e| e.enabled && !e.due_now && e.room(share) > 0).filter_map(|e| e.next_due).min()
+    }
+
+    /// Endpoints whose next delivery has fallen due since (a retry's backoff or a message's
+    /// delay ran out) want to send now, without waiting for the next reading of the due times.
+    pub fn mark_due(&mut self, now: pg_sys::TimestampTz) {
+        for state in self.by_id.values_mut() {
+            if state.next_due.is_some_and(|due| due <= now) {
+                state.due_now = true;
+            }
+        }
     }
 }
 

@@ -195,10 +195,12 @@ impl Worker {
                 crate::backend::reload_configuration();
                 self.settings = settings::worker_settings();
                 self.pool.grow_to(self.settings.max_in_flight);
+                self.endpoints.waiting_for_payload_room = false; // (outbox.worker_memory may have grown)
                 *self.allowed_networks.write().unwrap_or_else(std::sync::PoisonError::into_inner) = settings::allowed_networks();
                 self.next_refresh = Instant::now();
             }
             self.take_answers();
+            self.endpoints.mark_due(crate::backend::now());
 
             let claiming = !self.draining && self.settings.enabled;
             if !claiming {
@@ -221,6 +223,9 @@ impl Worker {
                     self.retry_at = None;
                     self.finished.clear();
                     self.finished_since = None;
+                    if !self.handing_back.is_empty() {
+                        self.endpoints.waiting_for_payload_room = false; // their payloads' room is free
+                    }
                     self.handing_back.clear();
                     self.endpoints.answers_recorded();
                     self.report(&recorded);
@@ -320,6 +325,7 @@ impl Worker {
             for (subscription_id, size) in self.endpoints.claims(max_in_flight, self.pool.in_flight(), batch, claimed_at) {
                 let nothing_in_flight = self.pool.in_flight() + claimed.len() == 0 && !self.endpoints.any_queued();
                 if budget == 0 && !nothing_in_flight {
+                    self.endpoints.waiting_for_payload_room = true;
                     break;
                 }
                 let room = claim::Room { size, byte_budget: budget, nothing_in_flight };
@@ -350,7 +356,7 @@ impl Worker {
             }
         }
         let (max_in_flight, batch) = (self.settings.max_in_flight, self.settings.batch_size as usize);
-        self.endpoints.want_claims(max_in_flight, self.pool.in_flight(), batch, Instant::now())
+        !self.endpoints.waiting_for_payload_room && self.endpoints.want_claims(max_in_flight, self.pool.in_flight(), batch, Instant::now())
     }
 
     /// Starts the queued deliveries the endpoints have room for; those found too late to start
@@ -366,6 +372,7 @@ impl Worker {
     fn take_answers(&mut self) {
         for done in self.pool.take_finished() {
             self.finished_since.get_or_insert_with(Instant::now);
+            self.endpoints.waiting_for_payload_room = false; // its payload's room is free
             if let Some(state) = self.endpoints.by_id.get_mut(&done.subscription_id) {
                 state.in_flight = state.in_flight.saturating_sub(1);
                 state.failure_unrecorded |= !matches!(done.answer.outcome, crate::webhook::Outcome::Delivered);

@@ -14,8 +14,10 @@ use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
 static DELIVERED: Statement = Statement::new(include_str!("record_delivered.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID]);
-static RETRY: Statement =
-    Statement::new(include_str!("record_retry.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID, INTERVALARRAYOID, TEXTARRAYOID]);
+static RETRY: Statement = Statement::new(
+    include_str!("record_retry.sql"),
+    &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID, INTERVALARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
+);
 static DEAD: Statement = Statement::new(include_str!("record_dead.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID]);
 static LOG_ATTEMPTS: Statement = Statement::new(
     include_str!("log_attempts.sql"),
@@ -114,6 +116,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
                     retried.attempts.into_datum(),
                     waits.into_datum(),
                     retry_errors.into_datum(),
+                    Some(pg_sys::Datum::from(now)),
                 ],
             )
             .len();

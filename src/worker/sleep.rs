@@ -20,7 +20,9 @@ pub fn wait(answers: Option<RawFd>, timeout: Duration) -> Woken {
         events |= pg_sys::WL_SOCKET_READABLE;
     }
     let socket = answers.unwrap_or(pg_sys::PGINVALID_SOCKET);
-    let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX).max(0);
+    // (Rounded up: a wait of less than a millisecond would otherwise be none, and the loop
+    // would spin until the moment it waits for.)
+    let timeout_ms = i64::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i64::MAX).max(0);
     // SAFETY: waits on this process's latch and (if any) an fd it owns; resets the latch it reports.
     let happened = unsafe {
         let happened = pg_sys::WaitLatchOrSocket(pg_sys::MyLatch, events as i32, socket, timeout_ms as _, pg_sys::PG_WAIT_EXTENSION);

@@ -268,15 +268,60 @@ def test_a_paused_worker_sleeps(worker, receiver):
         expected = "idle" if enabled == "on" else "disabled"
         eventually(lambda: worker.execute("SELECT state FROM outbox_worker_status() WHERE database = current_database()").fetchone()[0].startswith(expected))
         time.sleep(0.5)  # past the poll interval after the reload
-        before, started = cpu_seconds(pid), time.monotonic()
-        time.sleep(3)
-        busy = (cpu_seconds(pid) - before) / (time.monotonic() - started)
+        busy = cpu_share(pid)
         assert busy < 0.2, f"the worker used {busy:.0%} of a CPU while {expected}"
     message_id, _ = enqueue(worker)
     time.sleep(0.5)
     assert receiver.requests == [] and message(worker, message_id)[:2] == ("PENDING", 0)
     configure_worker({"outbox.worker_enabled": "on"})
     eventually(status_is(worker, message_id, "DONE"), what="delivery after re-enabling")
+
+
+def cpu_share(pid, seconds=3.0):
+    """The share of one CPU the process uses over the next `seconds`."""
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
+
+
+def test_a_rate_limited_backlog_leaves_the_worker_asleep_between_tokens(worker, receiver):
+    """An endpoint with a rate limit and a backlog: the worker waits for the next token. It
+    spun (its oldest due delivery, in the past, counted as a reason to wake at once)."""
+    worker.execute("SELECT outbox_subscribe('booking.created', %s, rate_limit => 2)", (receiver.url,))
+    worker.execute("SELECT count(*) FROM outbox_enqueue_batch('booking.created', array(SELECT '{}'::jsonb FROM generate_series(1, 300)))")
+    receiver.wait_for(2, timeout=5)
+    busy = cpu_share(worker_pid(worker))
+    assert busy < 0.2, f"the worker used {busy:.0%} of a CPU waiting for its rate limit"
+    assert 4 <= len(receiver.requests) <= 14, f"{len(receiver.requests)} requests at 2 a second"
+
+
+def test_a_worker_out_of_payload_memory_waits_for_an_answer(worker, receiver):
+    """outbox.worker_memory spent by a slow request: the next payload waits for room, the
+    worker for the answer. It ran a claim after another, each reading every due payload."""
+    configure_worker({"outbox.worker_memory": "64kB"})
+    receiver.answer_by_default(200, delay=3)
+    worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => interval '10 seconds')", (receiver.url,))
+    worker.execute("SELECT count(*) FROM outbox_enqueue_batch('booking.created', "
+                   "array(SELECT jsonb_build_object('pad', repeat('x', 40000)) FROM generate_series(1, 5)))")
+    eventually(lambda: receiver.started >= 1, what="the first request")
+    busy = cpu_share(worker_pid(worker), 2.0)
+    assert busy < 0.2, f"the worker used {busy:.0%} of a CPU while its payload memory was spent"
+    assert receiver.max_concurrent == 1, "two 40 kB payloads at once within 64 kB"
+
+
+def test_a_retry_falls_due_without_waiting_for_the_poll_interval(worker, receiver):
+    """A failed attempt's retry is due after the backoff (200 ms here): the worker wakes then and
+    sends it, asleep meanwhile. It woke, found no step to run, and spun until its next poll."""
+    configure_worker({"outbox.poll_interval": "30s"})
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    time.sleep(0.5)
+    receiver.answer(500)
+    message_id, _ = enqueue(worker)
+    receiver.wait_for(1, timeout=5)
+    busy = cpu_share(worker_pid(worker), 2.0)
+    receiver.wait_for(2, timeout=5)
+    assert busy < 0.2, f"the worker used {busy:.0%} of a CPU while a retry fell due"
+    eventually(status_is(worker, message_id, "DONE"), timeout=5, what="the retry's success")
 
 
 def test_a_slow_endpoint_is_cut_off_by_its_timeout(worker, receiver):
