@@ -5,6 +5,7 @@
 //! returned `Answer` from its main thread. Signing and the classification of answers are pure
 //! functions with plain unit tests.
 
+mod deadline;
 pub mod destination;
 mod resolver;
 
@@ -166,13 +167,16 @@ pub fn new_agent(pool_per_host: usize, allowed: AllowedNetworks) -> ureq::Agent 
         .max_idle_connections_per_host(pool_per_host.max(1))
         .max_idle_connections(pool_per_host.max(1) * 16)
         .build();
-    let connector = ureq::unversioned::transport::DefaultConnector::new();
+    // Plain TCP, then TLS for https: (no proxies), every socket watched (deadline.rs).
+    use ureq::unversioned::transport::{Connector, RustlsConnector};
+    let connector = ().chain(deadline::WatchedTcpConnector::default()).chain(RustlsConnector::default());
     ureq::Agent::with_parts(config, connector, resolver::RememberingResolver::new(allowed))
 }
 
 /// POSTs `message` to `endpoint` with the Standard Webhooks headers. Every wait is bounded by
 /// the endpoint's timeout (connect, send, response and body together).
 pub fn send(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Answer {
+    let started = std::time::Instant::now();
     let now = SystemTime::now();
     let timestamp = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let mut request = agent
@@ -212,10 +216,16 @@ pub fn send(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Answ
             };
             Answer { outcome: classify_status(status, retry_after.as_deref(), &body_start, now), http_status: Some(status) }
         }
-        Err(error) => Answer {
-            outcome: Outcome::Failed { error: describe_transport_error(&error, endpoint.timeout), retry_after: None },
-            http_status: None,
-        },
+        Err(error) => {
+            // Cut off by the watchdog (deadline.rs), the socket reports a broken connection: it
+            // was the timeout.
+            let error = if started.elapsed() >= endpoint.timeout {
+                format!("timeout after {}", human_duration(endpoint.timeout))
+            } else {
+                describe_transport_error(&error, endpoint.timeout)
+            };
+            Answer { outcome: Outcome::Failed { error, retry_after: None }, http_status: None }
+        }
     }
 }
 

@@ -1,9 +1,12 @@
 """The delivery worker end to end: a real local HTTP receiver, the worker inside the scratch
 cluster (preloaded, serving the test database), and the outcomes recorded in the outbox."""
 
+import datetime
 import json
 import os
 import signal
+import socket
+import threading
 import time
 import pathlib
 import uuid
@@ -322,6 +325,57 @@ def test_a_retry_falls_due_without_waiting_for_the_poll_interval(worker, receive
     receiver.wait_for(2, timeout=5)
     assert busy < 0.2, f"the worker used {busy:.0%} of a CPU while a retry fell due"
     eventually(status_is(worker, message_id, "DONE"), timeout=5, what="the retry's success")
+
+
+def trickling_receiver():
+    """A receiver that reads 16 kB of each request every half second, and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+
+    def trickle(connection):
+        with connection:
+            while True:
+                try:
+                    if not connection.recv(16384):
+                        return
+                except OSError:
+                    return
+                time.sleep(0.5)
+
+    def accept():
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return  # closed
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+            threading.Thread(target=trickle, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
+
+
+def test_a_receiver_that_reads_a_large_body_slowly_is_cut_off_by_the_timeout(worker):
+    """A receiver that takes a 5 MB body a little at a time: the request ends by its timeout,
+    and the retry starts after it. ureq bounds each write by the time left when it starts, so
+    every partial write waited that long again: a 2 s timeout took 4 s (the helper thread, and
+    the delivery's lease, held twice as long as the endpoint's timeout says)."""
+    listener = trickling_receiver()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+        worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => interval '2 seconds')", (url,))
+        worker.execute("SELECT outbox_enqueue('booking.created', jsonb_build_object('pad', repeat('y', 5000000)))")
+        attempts = "SELECT started_at, duration, error FROM outbox_delivery_attempts ORDER BY started_at"
+        eventually(lambda: len(worker.execute(attempts).fetchall()) >= 2, timeout=30, what="two attempts")
+        rows = worker.execute(attempts).fetchall()
+    finally:
+        listener.close()
+    for started, duration, error in rows:
+        assert duration < datetime.timedelta(seconds=3), f"an attempt with a 2 s timeout lasted {duration}"
+        assert error == "timeout after 2s", error
+    for (started, duration, _), (next_started, _, _) in zip(rows, rows[1:]):
+        assert started + duration <= next_started, "the next attempt started while this one was out"
 
 
 def test_a_slow_endpoint_is_cut_off_by_its_timeout(worker, receiver):
