@@ -72,7 +72,7 @@ impl fmt::Debug for Watched {
 
 impl Watched {
     /// Arms the watchdog for a wait of at most `timeout` (none when it never times out).
-    fn watch(&self, timeout: &NextTimeout) -> Option<Armed> {
+    fn watch(&self, timeout: &NextTimeout) -> Option<Watch> {
         let after = timeout.not_zero()?;
         let socket = self.socket.clone()?;
         Some(watchdog().arm(Instant::now() + *after + GRACE, socket))
@@ -104,19 +104,28 @@ type Deadline = (Instant, Weak<dyn ShutdownHandle>);
 
 /// The deadlines of the waits in progress, and the thread that enforces them.
 struct Watchdog {
-    armed: Mutex<BTreeMap<u64, Deadline>>,
+    state: Mutex<Armed>,
     changed: Condvar,
     next_id: AtomicU64,
 }
 
-/// A wait the watchdog holds a deadline for, until this is dropped.
+#[derive(Default)]
 struct Armed {
+    deadlines: BTreeMap<u64, Deadline>,
+    /// Until when the watchdog thread sleeps (None: until woken). Only a deadline earlier than
+    /// that wakes it: most requests arm one later than those already held, so arming one costs
+    /// a lock and no thread switch.
+    sleeping_until: Option<Instant>,
+}
+
+/// A wait the watchdog holds a deadline for, until this is dropped.
+struct Watch {
     id: u64,
 }
 
-impl Drop for Armed {
+impl Drop for Watch {
     fn drop(&mut self) {
-        watchdog().armed.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        watchdog().state.lock().unwrap_or_else(|e| e.into_inner()).deadlines.remove(&self.id);
     }
 }
 
@@ -127,7 +136,7 @@ fn watchdog() -> &'static Watchdog {
     static WATCHDOG: OnceLock<&'static Watchdog> = OnceLock::new();
     WATCHDOG.get_or_init(|| {
         let watchdog: &'static Watchdog =
-            Box::leak(Box::new(Watchdog { armed: Mutex::new(BTreeMap::new()), changed: Condvar::new(), next_id: AtomicU64::new(0) }));
+            Box::leak(Box::new(Watchdog { state: Mutex::default(), changed: Condvar::new(), next_id: AtomicU64::new(0) }));
         std::thread::Builder::new()
             .name("outbox-watchdog".into())
             .spawn(move || watchdog.run())
@@ -137,30 +146,32 @@ fn watchdog() -> &'static Watchdog {
 }
 
 impl Watchdog {
-    fn arm(&self, deadline: Instant, socket: Weak<dyn ShutdownHandle>) -> Armed {
+    fn arm(&self, deadline: Instant, socket: Weak<dyn ShutdownHandle>) -> Watch {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.armed.lock().unwrap_or_else(|e| e.into_inner()).insert(id, (deadline, socket));
-        self.changed.notify_one();
-        Armed { id }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.deadlines.insert(id, (deadline, socket));
+        if state.sleeping_until.is_none_or(|until| deadline < until) {
+            state.sleeping_until = Some(deadline);
+            self.changed.notify_one();
+        }
+        Watch { id }
     }
 
     /// Shuts down the socket of each wait whose deadline has passed; sleeps until the next.
     fn run(&self) {
-        let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let now = Instant::now();
-            let overdue: Vec<u64> = armed.iter().filter(|(_, (deadline, _))| *deadline <= now).map(|(&id, _)| id).collect();
+            let overdue: Vec<u64> = state.deadlines.iter().filter(|(_, (deadline, _))| *deadline <= now).map(|(&id, _)| id).collect();
             for id in overdue {
-                if let Some(socket) = armed.remove(&id).and_then(|(_, socket)| socket.upgrade()) {
+                if let Some(socket) = state.deadlines.remove(&id).and_then(|(_, socket)| socket.upgrade()) {
                     socket.shutdown();
                 }
             }
-            let next = armed.values().map(|(deadline, _)| *deadline).min();
-            armed = match next {
-                Some(deadline) => {
-                    self.changed.wait_timeout(armed, deadline.saturating_duration_since(now)).unwrap_or_else(|e| e.into_inner()).0
-                }
-                None => self.changed.wait(armed).unwrap_or_else(|e| e.into_inner()),
+            state.sleeping_until = state.deadlines.values().map(|(deadline, _)| *deadline).min();
+            state = match state.sleeping_until {
+                Some(until) => self.changed.wait_timeout(state, until.saturating_duration_since(now)).unwrap_or_else(|e| e.into_inner()).0,
+                None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
             };
         }
     }
