@@ -193,6 +193,9 @@ impl Worker {
             }
             if reload_requested() {
                 crate::backend::reload_configuration();
+                if let Err(failure) = session::transaction(session::apply_database_settings) {
+                    pgrx::warning!("outbox_ext: the delivery worker could not read its database's settings again: {failure}");
+                }
                 self.settings = settings::worker_settings();
                 self.pool.grow_to(self.settings.max_in_flight);
                 self.endpoints.waiting_for_payload_room = false; // (outbox.worker_memory may have grown)

@@ -120,6 +120,17 @@ pub fn transaction<R>(body: impl FnOnce() -> R) -> Result<R, Failure> {
 }
 
 static EXTENSION_SCHEMA: Statement = Statement::new(include_str!("extension_schema.sql"), &[]);
+static DATABASE_SETTINGS: Statement = Statement::new(include_str!("database_settings.sql"), &[]);
+
+/// The `outbox.*` settings of `ALTER DATABASE … SET` and `ALTER ROLE outbox_worker SET`, read
+/// again (in a transaction) at a reload: PostgreSQL applies them only when a session starts,
+/// and a reload re-reads only the server's files. One reset since keeps its value until the
+/// worker starts again.
+pub fn apply_database_settings() {
+    let mut spi = Spi::connect();
+    spi.execute(&DATABASE_SETTINGS, pg_sys::InvalidOid, &[]);
+    spi.finish();
+}
 
 /// The schema outbox_ext is installed in, if it is installed (in a transaction). Found through
 /// the catalogs, with the session's search_path already pinned to pg_catalog.

@@ -378,6 +378,24 @@ def test_a_receiver_that_reads_a_large_body_slowly_is_cut_off_by_the_timeout(wor
         assert started + duration <= next_started, "the next attempt started while this one was out"
 
 
+def test_a_database_setting_applies_to_the_worker_at_a_reload(worker, receiver):
+    """ALTER DATABASE … SET outbox.backoff_base, then a reload: the worker's next retry waits
+    the database's base (60 s), not the server's (200 ms here). It applied database settings
+    only when it started."""
+    database = worker.execute("SELECT current_database()").fetchone()[0]
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    worker.execute(f"ALTER DATABASE {database} SET outbox.backoff_base = '60s'")
+    try:
+        configure_worker({})  # a reload
+        receiver.answer(500)
+        message_id, _ = enqueue(worker)
+        eventually(lambda: delivery(worker, message_id)[2] == "HTTP 500", what="the failed attempt")
+        due_in = worker.execute("SELECT available_at - now() FROM outbox_delivery WHERE message_id = %s", (message_id,)).fetchone()[0]
+        assert due_in > datetime.timedelta(seconds=30), f"the retry is due in {due_in}"
+    finally:
+        worker.execute(f"ALTER DATABASE {database} RESET outbox.backoff_base")
+
+
 def test_a_slow_endpoint_is_cut_off_by_its_timeout(worker, receiver):
     worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => interval '500 milliseconds')", (receiver.url,))
     receiver.answer(200, delay=3)
