@@ -1,14 +1,13 @@
 """Delivery in any database: with shared_preload_libraries = 'outbox_ext' and nothing else,
 CREATE EXTENSION is enough. A server of its own, configured only with the preload."""
 
-import os
 import pathlib
 import time
 import tomllib
 
 import pytest
 
-from support import eventually
+from support import cpu_share, eventually
 from support.cluster import ScratchCluster
 from support.receiver import Receiver
 
@@ -144,12 +143,6 @@ def test_no_connection_to_a_database_that_allows_none(cluster):
         admin.execute("DROP DATABASE closed")
 
 
-def cpu_seconds(pid):
-    """The CPU time a process has used so far (user and system), from /proc."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_a_database_on_an_older_version_waits_for_its_update_asleep(cluster, receiver):
     """After a new library, a database still on the old version has a worker that waits for
     ALTER EXTENSION … UPDATE and says so (docs/upgrades.md). It said "idle" and ran a
@@ -167,9 +160,7 @@ def test_a_database_on_an_older_version_waits_for_its_update_asleep(cluster, rec
             return conn.execute("SELECT state FROM outbox_worker_status() WHERE database = 'behind'").fetchone()[0]
 
     eventually(lambda: state() == "waiting for ALTER EXTENSION outbox_ext UPDATE", what="the state that says why")
-    before, started = cpu_seconds(pid), time.monotonic()
-    time.sleep(3)
-    busy = (cpu_seconds(pid) - before) / (time.monotonic() - started)
+    busy = cpu_share(pid)
     assert busy < 0.2, f"the worker used {busy:.0%} of a CPU while waiting for the update"
     assert state() == "waiting for ALTER EXTENSION outbox_ext UPDATE"
 

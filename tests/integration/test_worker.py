@@ -16,7 +16,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from conftest import configure_worker, connect
-from support import eventually
+from support import cpu_share, eventually
 
 from support.receiver import Receiver
 
@@ -254,12 +254,6 @@ def test_a_reload_applies_the_worker_settings(worker, receiver):
     eventually(status_is(worker, message_id, "DONE"), what="delivery after re-enabling")
 
 
-def cpu_seconds(pid):
-    """The CPU time a process has used so far (user and system), from /proc."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_a_paused_worker_sleeps(worker, receiver):
     """outbox.worker_enabled = off pauses delivery: the worker must then wait for a reload, not
     spin (it ran a transaction per loop, about 80,000 a second, a whole core). Idle and enabled
@@ -278,13 +272,6 @@ def test_a_paused_worker_sleeps(worker, receiver):
     assert receiver.requests == [] and message(worker, message_id)[:2] == ("PENDING", 0)
     configure_worker({"outbox.worker_enabled": "on"})
     eventually(status_is(worker, message_id, "DONE"), what="delivery after re-enabling")
-
-
-def cpu_share(pid, seconds=3.0):
-    """The share of one CPU the process uses over the next `seconds`."""
-    before, started = cpu_seconds(pid), time.monotonic()
-    time.sleep(seconds)
-    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
 
 
 def test_a_rate_limited_backlog_leaves_the_worker_asleep_between_tokens(worker, receiver):

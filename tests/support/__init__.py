@@ -87,6 +87,20 @@ INSERT INTO outbox (topic, payload, status, attempts, available_at, processed_at
 STATE = "SELECT id, public_id, topic, payload, status, attempts, last_error, dedupe_key, lease_token IS NOT NULL FROM outbox ORDER BY id"
 
 
+def cpu_seconds(pid) -> float:
+    """The CPU time a server process has used so far (user and system), from /proc: what tests
+    of a worker that must sleep while it waits read."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_share(pid, seconds: float = 3.0) -> float:
+    """The share of one CPU the process uses over the next `seconds`."""
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
+
+
 def fresh_database(name):
     with psycopg.connect(dbname="postgres", autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
