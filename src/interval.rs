@@ -1,5 +1,6 @@
-//! Intervals as arguments: compared with zero the way PostgreSQL compares them, turned into
-//! durations, and shown as PostgreSQL shows them (in error messages).
+//! Intervals as arguments: judged by where they take the clock, turned into durations (a month
+//! as 30 days, as PostgreSQL compares intervals), and shown as PostgreSQL shows them (in error
+//! messages).
 
 use pgrx::datum::Interval;
 use std::cmp::Ordering;
@@ -16,9 +17,13 @@ fn micros_of(value: &Interval) -> i128 {
     total_micros(value.months(), value.days(), value.micros())
 }
 
-/// `value` compared with zero.
-pub fn sign(value: &Interval) -> Ordering {
-    micros_of(value).cmp(&0)
+/// Where adding `value` to the clock now takes it: ahead (Greater), nowhere, or back. A lease or
+/// a delay is added to the clock, which counts a month as its calendar length: compared with
+/// zero (a month as 30 days), '-1 year +361 days' is a day, but the clock goes back four or
+/// five days with it, and a lease of it had run out when it was given.
+pub fn moves_clock(value: &Interval) -> Ordering {
+    let now = pgrx::datum::clock_timestamp();
+    (now + *value).into_inner().cmp(&now.into_inner())
 }
 
 /// The interval as a duration; `None` when it is negative.

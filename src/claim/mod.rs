@@ -60,7 +60,7 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
             .collect()
     });
     let lease = args.interval(2);
-    if lease.as_ref().is_some_and(|lease| interval::sign(lease) != Ordering::Greater) {
+    if lease.as_ref().is_some_and(|lease| interval::moves_clock(lease) != Ordering::Greater) {
         let shown = interval::shown(lease.as_ref().expect("not NULL"));
         raise(OutboxError::invalid(FUNCTION, "lease", format!("must be positive, got {shown}")));
     }

@@ -33,7 +33,7 @@ const EMPTY_PAYLOAD_HINT: &str = "Use '{}'::jsonb for an empty payload.";
 /// The `delay` argument: not NULL, not negative.
 fn checked_delay(function: &'static str, args: &Args, n: usize) -> pg_sys::Datum {
     let delay = required(args.interval(n), function, "delay");
-    if interval::sign(&delay) == Ordering::Less {
+    if interval::moves_clock(&delay) == Ordering::Less {
         let shown = interval::shown(&delay);
         raise(OutboxError::invalid(function, "delay", format!("must not be negative, got {shown}")));
     }

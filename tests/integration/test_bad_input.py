@@ -85,14 +85,30 @@ def test_the_status_column_admits_only_the_three_states(db):
         db.execute("UPDATE outbox SET status = 'done'")
 
 
-def test_mixed_sign_intervals_that_add_up_to_more_than_zero_are_accepted(db):
-    # A month less 29 days is 1 to 3 days, depending on the month it starts in.
+def test_mixed_sign_intervals_that_move_the_clock_ahead_are_accepted(db):
+    # A month less 27 days is 1 to 4 days, depending on the month it starts in (never less).
     delayed, expected = db.execute(
-        "SELECT available_at - clock_timestamp(), (now() + interval '1 month -29 days') - now() "
-        "FROM outbox_enqueue('booking.created', '{}', interval '1 month -29 days')").fetchone()
+        "SELECT available_at - clock_timestamp(), (now() + interval '1 month -27 days') - now() "
+        "FROM outbox_enqueue('booking.created', '{}', interval '1 month -27 days')").fetchone()
     assert expected.total_seconds() >= 86400
     assert expected.total_seconds() - 60 < delayed.total_seconds() <= expected.total_seconds()
-    assert db.execute("SELECT count(*) FROM outbox_claim(10, NULL, interval '1 month -29 days')").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM outbox_claim(10, NULL, interval '1 month -27 days')").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("call, argument", [
+    ("outbox_claim(10, NULL, interval '-1 year +361 days')", "lease"),
+    ("outbox_enqueue('booking.created', '{}', interval '-1 year +361 days')", "delay"),
+])
+def test_an_interval_above_zero_that_moves_the_clock_back_is_refused(db, call, argument):
+    """'-1 year +361 days' is more than zero as PostgreSQL compares intervals (a month as 30
+    days), but added to the clock it goes back 4 or 5 days: a lease of it had run out when it
+    was given (another consumer got the message at once), a delay of it dated the message in
+    the past. Both were accepted."""
+    db.execute("SELECT outbox_enqueue('booking.created', '{}')")
+    with pytest.raises(psycopg.Error) as caught:
+        db.execute(f"SELECT * FROM {call}")
+    assert caught.value.sqlstate == INVALID
+    assert argument in caught.value.diag.message_primary
 
 
 def test_unknown_ids_are_answers_not_errors(db):
