@@ -33,6 +33,7 @@ pub const MAX_BATCH_SIZE: i32 = 10_000;
 static LOCK: Statement = Statement::new(include_str!("lock.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
+static TAKE_OVER_EXPIRED_LEASE: Statement = Statement::new(include_str!("take_over_expired_lease.sql"), &[INT8ARRAYOID]);
 
 /// A locked message: its whole row, id, attempts, and whether a lease names a holder.
 struct Locked {
@@ -99,9 +100,17 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     if lease.is_none() {
         // No lease: the rows stay locked until the caller's transaction ends, and nothing is
         // written. The caller completes or fails them in that transaction (outbox_fail counts
-        // the attempt); if it rolls back or dies, they are as if never claimed.
+        // the attempt); if it rolls back or dies, they are as if never claimed. Only a message
+        // whose last holder's lease ran out loses that holder's token (its attempt would
+        // otherwise count as this one's, and the old token would still act on it).
+        let expired: Vec<i64> = live.iter().filter(|m| m.held_under_a_lease).map(|m| m.id).collect();
+        let taken_over =
+            if expired.is_empty() { None } else { Some(spi.execute(&TAKE_OVER_EXPIRED_LEASE, schema, &[expired.into_datum()])) };
+        let by_id: HashMap<i64, pg_sys::Datum> = taken_over.map_or_else(HashMap::new, |rows| {
+            (0..rows.len()).map(|row| (rows.get(row, 2).expect("id"), rows.datum(row, 1).expect("a whole row is never NULL"))).collect()
+        });
         for message in &live {
-            result.push_row(message.row);
+            result.push_row(by_id.get(&message.id).copied().unwrap_or(message.row));
         }
     } else if !live.is_empty() {
         let ids: Vec<i64> = live.iter().map(|m| m.id).collect();

@@ -152,3 +152,20 @@ def test_concurrent_producers_with_one_dedupe_key_make_one_message(db):
     assert errors == []
     assert len(ids) == producers and len(set(ids)) == 1
     assert count(db) == 1
+
+
+def test_a_claim_without_lease_after_a_lease_ran_out_counts_its_own_attempt(db):
+    """A consumer with a lease lets it run out; another claims the message without one and
+    fails it: that is the second attempt of two, so the message is DEAD. The claim without a
+    lease kept the first holder's token, so the failure counted as the first holder's attempt
+    (PENDING, 1 attempt), and that token could still act on the message."""
+    message_id = db.execute("SELECT id FROM outbox_enqueue('booking.created', '{}')").fetchone()[0]
+    first_token = db.execute("SELECT lease_token FROM outbox_claim(1, NULL, interval '100 milliseconds')").fetchone()[0]
+    time.sleep(0.3)
+    with connect() as other:
+        other.execute("SET outbox.max_attempts = 2")
+        assert other.execute("SELECT id, lease_token FROM outbox_claim(1, NULL, lease => NULL)").fetchone() == (message_id, None)
+        assert other.execute("SELECT outbox_fail(%s, 'boom')", (message_id,)).fetchone()[0] == "DEAD"
+        other.commit()
+    assert db.execute("SELECT status, attempts FROM outbox WHERE id = %s", (message_id,)).fetchone() == ("DEAD", 2)
+    assert db.execute("SELECT outbox_complete(%s, %s)", (message_id, first_token)).fetchone()[0] is False
