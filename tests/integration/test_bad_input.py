@@ -19,8 +19,8 @@ CASES = [
     ("outbox_enqueue('booking.created', NULL)", NULL_VALUE, "payload"),
     ("outbox_enqueue('booking.created', '{}', NULL)", NULL_VALUE, "delay"),
     ("outbox_enqueue('booking.created', '{}', interval '-1 second')", INVALID, "delay"),
-    # Judged like `delay < interval '0'`: a month counts 30 days.
-    ("outbox_enqueue('booking.created', '{}', interval '1 month -31 days')", INVALID, "delay"),
+    # Judged by where it takes the clock: a month less 32 days goes back whatever the month.
+    ("outbox_enqueue('booking.created', '{}', interval '1 month -32 days')", INVALID, "delay"),
     ("outbox_enqueue('booking.created', '{}', dedupe_key => '')", INVALID, "dedupe_key"),
     ("outbox_enqueue('booking.created', '{}', dedupe_key => repeat('k', 256))", TOO_LONG, "dedupe_key"),
     ("outbox_enqueue_batch(NULL, ARRAY['{}'::jsonb])", NULL_VALUE, "topic"),
@@ -36,7 +36,8 @@ CASES = [
     ("outbox_claim(10, ARRAY['booking.created', 'not a topic'])", INVALID, "topics"),
     ("outbox_claim(10, NULL, interval '0')", INVALID, "lease"),
     ("outbox_claim(10, NULL, interval '-5 seconds')", INVALID, "lease"),
-    ("outbox_claim(10, NULL, interval '1 month -30 days')", INVALID, "lease"),
+    # (A month less 31 days: nowhere or back, whatever the month.)
+    ("outbox_claim(10, NULL, interval '1 month -31 days')", INVALID, "lease"),
     ("outbox_complete(NULL::bigint)", NULL_VALUE, "id"),
     ("outbox_complete(NULL::bigint[])", NULL_VALUE, "ids"),
     ("outbox_complete(ARRAY[1, NULL]::bigint[])", NULL_VALUE, "ids"),
