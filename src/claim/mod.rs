@@ -13,7 +13,7 @@ pub mod head;
 
 use crate::error::{raise, OutboxError};
 use crate::fmgr::{required, sql_function, SetResult};
-use crate::spi::{schema_of_function, Spi, Statement};
+use crate::spi::{schema_of_function, Rows, Spi, Statement};
 use crate::{interval, ordering, settings, topic};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
@@ -104,20 +104,17 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
         // whose last holder's lease ran out loses that holder's token (its attempt would
         // otherwise count as this one's, and the old token would still act on it).
         let expired: Vec<i64> = live.iter().filter(|m| m.held_under_a_lease).map(|m| m.id).collect();
-        let taken_over =
-            if expired.is_empty() { None } else { Some(spi.execute(&TAKE_OVER_EXPIRED_LEASE, schema, &[expired.into_datum()])) };
-        let by_id: HashMap<i64, pg_sys::Datum> = taken_over.map_or_else(HashMap::new, |rows| {
-            (0..rows.len()).map(|row| (rows.get(row, 2).expect("id"), rows.datum(row, 1).expect("a whole row is never NULL"))).collect()
-        });
+        let by_id = if expired.is_empty() {
+            HashMap::new()
+        } else {
+            rows_by_id(&spi.execute(&TAKE_OVER_EXPIRED_LEASE, schema, &[expired.into_datum()]))
+        };
         for message in &live {
             result.push_row(by_id.get(&message.id).copied().unwrap_or(message.row));
         }
     } else if !live.is_empty() {
         let ids: Vec<i64> = live.iter().map(|m| m.id).collect();
-        let leased = spi.execute(&LEASE, schema, &[ids.into_datum(), Some(claimed_at), args.datum(2)]);
-        let by_id: HashMap<i64, pg_sys::Datum> = (0..leased.len())
-            .map(|row| (leased.get(row, 2).expect("id"), leased.datum(row, 1).expect("a whole row is never NULL")))
-            .collect();
+        let by_id = rows_by_id(&spi.execute(&LEASE, schema, &[ids.into_datum(), Some(claimed_at), args.datum(2)]));
         // In the order they were locked: oldest ready first.
         for row in live.iter().filter_map(|m| by_id.get(&m.id)) {
             result.push_row(*row);
@@ -126,3 +123,9 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     spi.finish();
     result.finish()
 });
+
+/// The rows written by lease.sql or take_over_expired_lease.sql (`RETURNING o, o.id`), whole, by
+/// id.
+fn rows_by_id(rows: &Rows) -> HashMap<i64, pg_sys::Datum> {
+    (0..rows.len()).map(|row| (rows.get(row, 2).expect("id"), rows.datum(row, 1).expect("a whole row is never NULL"))).collect()
+}

@@ -127,10 +127,16 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     Some(wait.min(MAX_RETRY_AFTER))
 }
 
-/// A short, stable description of a transport failure for `last_error`.
-pub fn describe_transport_error(error: &ureq::Error, timeout: Duration) -> String {
+/// A short, stable description of a transport failure for `last_error`, after `elapsed` of the
+/// request's `timeout`. A request cut off by the watchdog at its deadline (deadline.rs) sees
+/// its socket shut down, whatever error that makes: it timed out.
+pub fn describe_transport_error(error: &ureq::Error, timeout: Duration, elapsed: Duration) -> String {
+    let timed_out = format!("timeout after {}", human_duration(timeout));
+    if elapsed >= timeout {
+        return timed_out;
+    }
     match error {
-        ureq::Error::Timeout(_) => format!("timeout after {}", human_duration(timeout)),
+        ureq::Error::Timeout(_) => timed_out,
         ureq::Error::HostNotFound => "host not found".to_string(),
         ureq::Error::ConnectionFailed => "connection failed".to_string(),
         ureq::Error::Other(inner) if inner.is::<destination::Refused>() => inner.to_string(),
@@ -139,7 +145,7 @@ pub fn describe_transport_error(error: &ureq::Error, timeout: Duration) -> Strin
             std::io::ErrorKind::ConnectionReset => "connection reset".to_string(),
             std::io::ErrorKind::ConnectionAborted => "connection aborted".to_string(),
             std::io::ErrorKind::UnexpectedEof => "connection closed before the response was complete".to_string(),
-            std::io::ErrorKind::TimedOut => format!("timeout after {}", human_duration(timeout)),
+            std::io::ErrorKind::TimedOut => timed_out,
             _ => format!("I/O error: {io}"),
         },
         other => other.to_string(),
@@ -216,16 +222,10 @@ pub fn send(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Answ
             };
             Answer { outcome: classify_status(status, retry_after.as_deref(), &body_start, now), http_status: Some(status) }
         }
-        Err(error) => {
-            // Cut off by the watchdog (deadline.rs), the socket reports a broken connection: it
-            // was the timeout.
-            let error = if started.elapsed() >= endpoint.timeout {
-                format!("timeout after {}", human_duration(endpoint.timeout))
-            } else {
-                describe_transport_error(&error, endpoint.timeout)
-            };
-            Answer { outcome: Outcome::Failed { error, retry_after: None }, http_status: None }
-        }
+        Err(error) => Answer {
+            outcome: Outcome::Failed { error: describe_transport_error(&error, endpoint.timeout, started.elapsed()), retry_after: None },
+            http_status: None,
+        },
     }
 }
 

@@ -159,6 +159,12 @@ impl Worker {
         }
     }
 
+    /// Whether the worker makes and leases deliveries: not while it stops, nor while it is
+    /// paused (outbox.worker_enabled = off).
+    fn claiming(&self) -> bool {
+        !self.draining && self.settings.enabled
+    }
+
     fn set_state(&self, state: WorkerState) {
         registry::update(self.slot, |s| s.state = state);
     }
@@ -205,7 +211,7 @@ impl Worker {
             self.take_answers();
             self.endpoints.mark_due(crate::backend::now());
 
-            let claiming = !self.draining && self.settings.enabled;
+            let claiming = self.claiming();
             if !claiming {
                 self.handing_back.extend(self.endpoints.take_unsendable(true));
             }
@@ -423,7 +429,7 @@ impl Worker {
         if let Some(at) = self.retry_at {
             return at.saturating_duration_since(Instant::now()); // a step failed
         }
-        let claiming = !self.draining && self.settings.enabled && !self.waiting_for_update;
+        let claiming = self.claiming() && !self.waiting_for_update;
         // Not claiming (paused by outbox.worker_enabled = off, stopping, or waiting for the
         // database's ALTER EXTENSION … UPDATE), the worker refreshes nothing and starts nothing:
         // it waits for a reload, an answer or the update's commit, polling now and then.
