@@ -394,4 +394,6 @@ $$;
 
 -- ======== new in 0.5.14 ========
 
--- ======== new in 0.5.15 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.15 ========
+
+-- ======== new in 0.5.16 (scripts/make-upgrade-script.sh copies from here to the end) ========

@@ -17,7 +17,7 @@ from support import EVERY_STATE, STATE, eventually, fresh_database
 from support.receiver import Receiver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PREVIOUS = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.5.1", "0.5.2", "0.5.3", "0.5.4", "0.5.5", "0.5.6", "0.5.7", "0.5.8", "0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14"]
+PREVIOUS = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.5.1", "0.5.2", "0.5.3", "0.5.4", "0.5.5", "0.5.6", "0.5.7", "0.5.8", "0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15"]
 CURRENT = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
 # Scripts of released versions, frozen: their SHA-256 (a release adds its scripts here).
 RELEASED = ROOT / "sql/released.sha256"
