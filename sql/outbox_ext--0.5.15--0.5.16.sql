@@ -630,10 +630,18 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF array_ndims(outbox_depth.topics) > 1 THEN
+        RAISE EXCEPTION 'outbox_depth: topics must be a one-dimensional array, got % dimensions',
+                        array_ndims(outbox_depth.topics)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF array_position(outbox_depth.topics, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'outbox_depth: topics must not contain NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- A topic that cannot exist is a mistake to report, not a depth of 0.
+    PERFORM @extschema@.outbox_check_topic('outbox_depth'::text, 'topics'::text, wanted)
+       FROM unnest(outbox_depth.topics) wanted;
     RETURN (SELECT count(*)
               FROM ONLY @extschema@.outbox o
              WHERE o.status = 'PENDING'::@extschema@.outbox_status
@@ -888,7 +896,10 @@ DECLARE
     day_slot integer;
     ids      bigint[];
 BEGIN
-    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 1000000 THEN
+    IF max_rows IS NULL THEN
+        RAISE EXCEPTION 'outbox_archive: max_rows must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF max_rows < 1 OR max_rows > 1000000 THEN
         RAISE EXCEPTION 'outbox_archive: max_rows must be between 1 and 1000000, got %', max_rows
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -993,7 +1004,10 @@ BEGIN
         RAISE EXCEPTION 'outbox_compact: force must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF max_live_rows IS NULL OR max_live_rows < 0 OR max_live_rows > 1000000 THEN
+    IF max_live_rows IS NULL THEN
+        RAISE EXCEPTION 'outbox_compact: max_live_rows must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF max_live_rows < 0 OR max_live_rows > 1000000 THEN
         RAISE EXCEPTION 'outbox_compact: max_live_rows must be between 0 and 1000000, got %', max_live_rows
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1133,6 +1147,7 @@ SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 AS $$
 DECLARE
+    called_at   timestamptz;
     cutoff      timestamptz;
     purged      bigint := 0;
     deleted     bigint;
@@ -1150,19 +1165,25 @@ BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'outbox_purge: older_than must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF older_than < interval '0' THEN
+    -- Judged by where it takes the clock, not by comparing intervals (which count a month as 30
+    -- days: '-1 year +361 days' compares as positive but moves the cut-off days ahead).
+    called_at := clock_timestamp();
+    cutoff := called_at - older_than;
+    IF cutoff > called_at THEN
         RAISE EXCEPTION 'outbox_purge: older_than must not be negative, got %', older_than
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF include_dead IS NULL THEN
         RAISE EXCEPTION 'outbox_purge: include_dead must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 1000000 THEN
+    IF max_rows IS NULL THEN
+        RAISE EXCEPTION 'outbox_purge: max_rows must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF max_rows < 1 OR max_rows > 1000000 THEN
         RAISE EXCEPTION 'outbox_purge: max_rows must be between 1 and 1000000, got %', max_rows
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    cutoff := clock_timestamp() - older_than;
     -- What is still in outbox itself (dead letters, DONE messages not moved to the history yet,
     -- those with a dedupe_key): row by row, with their deliveries.
     FOREACH finished IN ARRAY CASE WHEN include_dead THEN '{DONE,DEAD}'::@extschema@.outbox_status[] ELSE '{DONE}' END LOOP
@@ -1283,6 +1304,15 @@ DECLARE
 BEGIN
     IF outbox_redeliver.subscription_id IS NULL THEN
         RAISE EXCEPTION 'outbox_redeliver: subscription_id must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF array_ndims(outbox_redeliver.message_ids) > 1 THEN
+        RAISE EXCEPTION 'outbox_redeliver: message_ids must be a one-dimensional array, got % dimensions',
+                        array_ndims(outbox_redeliver.message_ids)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(outbox_redeliver.message_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox_redeliver: message_ids must not contain NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     SELECT s.topic INTO endpoint_topic

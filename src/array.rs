@@ -29,6 +29,15 @@ pub unsafe fn varlena_elements(array: pg_sys::Datum, element_type: pg_sys::Oid) 
     }
 }
 
+/// The number of dimensions of an array (0 when empty).
+///
+/// # Safety
+/// `array` must be an array datum.
+pub unsafe fn dimensions(array: pg_sys::Datum) -> i32 {
+    // SAFETY: as the caller promises; detoasted, the datum starts with ArrayType's header.
+    unsafe { (*(pg_sys::pg_detoast_datum(array.cast_mut_ptr()) as *mut pg_sys::ArrayType)).ndim }
+}
+
 /// The elements of a `text[]` (None for a NULL element) as UTF-8, in order, and its number of
 /// dimensions.
 ///

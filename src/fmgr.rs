@@ -97,6 +97,17 @@ impl Args {
         self.get::<Interval>(n)
     }
 
+    /// Refuses array argument `n` (of any element type) when it has more than one dimension:
+    /// PostgreSQL would read it flat, while a caller who wrote one meant something else.
+    pub fn check_one_dimension(&self, n: usize, function: &'static str, argument: &'static str) {
+        let Some(datum) = self.datum(n) else { return };
+        // SAFETY: the caller names an argument declared as an array.
+        let dimensions = unsafe { crate::array::dimensions(datum) };
+        if dimensions > 1 {
+            raise(OutboxError::invalid(function, argument, format!("must be a one-dimensional array, got {dimensions} dimensions")));
+        }
+    }
+
     /// A `text[]` argument as UTF-8 strings (an element `None` when NULL), with its number of
     /// dimensions.
     pub fn text_array(&self, n: usize) -> Option<(Vec<Option<String>>, i32)> {

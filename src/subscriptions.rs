@@ -86,13 +86,19 @@ pub fn check_headers(headers: &serde_json::Value) -> Result<(), Problem> {
         return Err(format!("has {} headers; at most {MAX_HEADERS} are allowed", object.len()).into());
     }
     let mut bytes = 0;
+    let mut names = std::collections::HashSet::new();
     for (name, value) in object {
         let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
         if name.is_empty() || !name.chars().all(token) {
             return Err(format!("has an invalid header name {name:?}").into());
         }
-        if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+        let lowercase = name.to_ascii_lowercase();
+        if RESERVED_HEADERS.contains(&lowercase.as_str()) {
             return Err(format!("may not set {name:?}: the worker sets it").into());
+        }
+        // HTTP header names ignore case: both would be sent, and receivers keep one or the other.
+        if !names.insert(lowercase) {
+            return Err(format!("names {name:?} twice (header names ignore case)").into());
         }
         let Some(text) = value.as_str() else {
             return Err(format!("value of {name:?} must be a string").into());
@@ -224,6 +230,7 @@ mod unit_tests {
         assert!(check_headers(&json!({"bad name": "x"})).is_err());
         assert!(check_headers(&json!({"X-Evil": "a\r\nInjected: 1"})).is_err());
         assert!(check_headers(&json!({"X-Name": "Müller"})).is_err());
+        assert!(check_headers(&json!({"X-Team": "7", "x-team": "8"})).is_err());
     }
 
     #[test]

@@ -50,6 +50,7 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
         raise(OutboxError::invalid(FUNCTION, "batch_size", format!("must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}")));
     }
+    args.check_one_dimension(1, FUNCTION, "topics");
     let topics: Option<Vec<String>> = args.text_array(1).map(|(topics, _)| {
         topics
             .into_iter()

@@ -69,6 +69,8 @@ sql_function!(outbox_complete_c, pg_finfo_outbox_complete_c, |args| {
 sql_function!(outbox_complete_batch_c, pg_finfo_outbox_complete_batch_c, |args| {
     const FUNCTION: &str = "outbox_complete_batch";
     let ids = required(args.get::<Array<i64>>(0), FUNCTION, "ids");
+    args.check_one_dimension(0, FUNCTION, "ids");
+    args.check_one_dimension(1, FUNCTION, "lease_tokens");
     if ids.contains_nulls() {
         raise(OutboxError::null_element(FUNCTION, "ids"));
     }

@@ -137,9 +137,7 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     const FUNCTION: &str = "outbox_enqueue_batch";
     let topic = topic::valid_argument(FUNCTION, "topic", args.text(0));
     let (elements, dimensions) = required(args.jsonb_array(1), FUNCTION, "payloads");
-    if dimensions > 1 {
-        raise(OutboxError::invalid(FUNCTION, "payloads", format!("must be a one-dimensional array, got {dimensions} dimensions")));
-    }
+    args.check_one_dimension(1, FUNCTION, "payloads");
     if elements.contains(&None) {
         raise(OutboxError::null_element(FUNCTION, "payloads"));
     }

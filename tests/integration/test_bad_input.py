@@ -60,6 +60,26 @@ CASES = [
     ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => (SELECT jsonb_object_agg('X-H' || n, 'v') FROM generate_series(1, 17) n))", INVALID, "headers"),
     ("outbox_subscribe('t.x', 'http://127.0.0.1:99999/')", INVALID, "url"),
     ("outbox_subscribe('t.x', 'http://127.0.0.1:0/')", INVALID, "url"),
+    # A header named twice in different cases: HTTP names ignore case, so both were sent (0.5.15).
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => '{\"X-Team\": \"7\", \"x-team\": \"8\"}')", INVALID, "headers"),
+    ("outbox_enqueue('booking.created', '{}', headers => '{\"X-Team\": \"7\", \"X-TEAM\": \"8\"}')", INVALID, "headers"),
+    # Arrays of more than one dimension, which the error table refuses (0.5.15 took them flat,
+    # or failed with PostgreSQL's 0A000 naming no function).
+    ("outbox_claim(10, ARRAY[['booking.created'], ['invoice.paid']])", INVALID, "topics"),
+    ("outbox_complete_batch(ARRAY[[1, 2], [3, 4]]::bigint[])", INVALID, "ids"),
+    ("outbox_complete_batch(ARRAY[1, 2]::bigint[], ARRAY[[gen_random_uuid()], [gen_random_uuid()]])", INVALID, "lease_tokens"),
+    ("outbox_complete(ARRAY[[1, 2]]::bigint[])", INVALID, "ids"),
+    ("outbox_depth(ARRAY[['booking.created'], ['invoice.paid']])", INVALID, "topics"),
+    ("outbox_redeliver(1, message_ids => ARRAY[[1], [2]]::bigint[])", INVALID, "message_ids"),
+    # outbox_depth checks its topics as outbox_claim does (0.5.15 counted 0 for a bad one).
+    ("outbox_depth(ARRAY['not a topic'])", INVALID, "topics"),
+    # NULL is 22004 everywhere (0.5.15: 22023 for these), and a NULL element is not ignored.
+    ("outbox_purge(interval '1 day', false, NULL)", NULL_VALUE, "max_rows"),
+    ("outbox_archive(NULL)", NULL_VALUE, "max_rows"),
+    ("outbox_compact(false, NULL)", NULL_VALUE, "max_live_rows"),
+    ("outbox_redeliver(1, message_ids => ARRAY[1, NULL]::bigint[])", NULL_VALUE, "message_ids"),
+    # Judged by where it takes the clock, as leases and delays: this one is 4 - 5 days ahead.
+    ("outbox_purge(interval '-1 year +361 days')", INVALID, "older_than"),
 ]
 
 
