@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 static ARCHIVE: Statement = Statement::new(include_str!("archive.sql"), &[INT4OID]);
 static PURGE: Statement = Statement::new(include_str!("purge.sql"), &[INTERVALOID, INT4OID]);
 static COMPACT: Statement = Statement::new(include_str!("compact.sql"), &[]);
-static UNSUBSCRIBED_TOPICS: Statement = Statement::new(include_str!("unsubscribed_topics.sql"), &[TEXTARRAYOID]);
+static UNSUBSCRIBED_TOPICS: Statement = Statement::new(include_str!("unsubscribed_topics.sql"), &[]);
 
 /// How often, at most, the worker moves DONE messages to the history ...
 const ARCHIVE_INTERVAL: Duration = Duration::from_secs(1);
@@ -89,12 +89,13 @@ impl Housekeeping {
         }
     }
 
-    /// Warns about topics with pending messages but no subscription (in a transaction).
+    /// Warns about topics with pending messages but no subscription (in a transaction);
+    /// `subscribed` names, in the warning, the topics the worker delivers.
     pub fn warn_about_unsubscribed_topics(&mut self, spi: &mut Spi, schema: pg_sys::Oid, subscribed: &[String]) {
         if !due(&mut self.last_unsubscribed_check, UNSUBSCRIBED_CHECK_INTERVAL) {
             return;
         }
-        let rows = spi.execute(&UNSUBSCRIBED_TOPICS, schema, &[subscribed.to_vec().into_datum()]);
+        let rows = spi.execute(&UNSUBSCRIBED_TOPICS, schema, &[]);
         let orphans: Vec<(String, i64)> =
             (0..rows.len()).map(|row| (rows.get_text(row, 1).unwrap_or_default(), rows.get(row, 2).unwrap_or(0))).collect();
         let known = if subscribed.is_empty() { "none".to_string() } else { subscribed.join(", ") };

@@ -1,11 +1,14 @@
--- Topics with ready messages but no subscription ($1: the subscribed topics). Bounded: it looks
--- at no more than 10,000 pending rows.
+-- Topics with ready messages but no subscription. Judged against outbox_subscription in this
+-- statement's snapshot, not against the subscriptions the worker read a moment before: one
+-- committed in between, with messages of its topic, is not reported. Bounded: it looks at no
+-- more than 10,000 pending rows.
 SELECT p.topic::pg_catalog.text, pg_catalog.count(*)
   FROM (SELECT o.topic
           FROM ONLY @extschema@.outbox o
          WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
            AND o.waiting_for IS NULL
-           AND NOT (o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($1))
+           AND NOT EXISTS (SELECT FROM @extschema@.outbox_subscription s
+                            WHERE s.topic OPERATOR(pg_catalog.=) o.topic)
          LIMIT 10000) p
  GROUP BY p.topic
  ORDER BY pg_catalog.count(*) DESC, p.topic

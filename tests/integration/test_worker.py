@@ -206,6 +206,33 @@ def test_a_topic_nobody_subscribes_to_stays_pending_and_is_reported(worker, rece
     assert "WARNING" in line and "topics with subscriptions: booking.created" in line, line
 
 
+def test_a_topic_subscribed_while_the_worker_reads_the_subscriptions_is_not_reported(worker, receiver):
+    """The worker read the subscriptions with one snapshot and looked for topics nobody
+    subscribes to with a later one: a subscription committed in between, with a message of its
+    topic, was reported as having no subscription (found by stop 38's probe)."""
+    configure_worker({"outbox.poll_interval": "30s"})  # refreshes only when asked
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    time.sleep(6)  # the check for unsubscribed topics runs at most every 5 s
+    topic = f"invoice.paid.{uuid.uuid4().hex[:8]}"
+    with connect() as subscriber:
+        # Holds the worker between its reading of the subscriptions and its check: it waits for
+        # this lock when it looks for the endpoints' next due deliveries.
+        subscriber.execute("LOCK TABLE outbox_delivery IN ACCESS EXCLUSIVE MODE")
+        subscriber.execute("SELECT outbox_subscribe(%s, %s)", (topic, receiver.url))
+        message_id, _ = enqueue(subscriber, topic=topic)
+        worker.execute("SELECT outbox_wake_worker_at_commit()")  # read the subscriptions now
+        eventually(
+            lambda: worker.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (worker_pid(worker),)
+            ).fetchone() == ("Lock",),
+            what="the worker to wait for the lock",
+        )
+        subscriber.commit()
+    eventually(status_is(worker, message_id, "DONE"), what="the new topic's message delivered")
+    log = pathlib.Path(os.environ["OUTBOX_TEST_SERVER_LOG"]).read_text(errors="replace")
+    assert f'no subscription for topic "{topic}"' not in log
+
+
 def test_a_committed_enqueue_wakes_an_idle_worker(worker, receiver):
     """With a 30 s poll interval only the wake-up at commit explains a prompt delivery."""
     configure_worker({"outbox.poll_interval": "30s"})
