@@ -268,7 +268,8 @@ impl Worker {
                 if done || self.drain_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                     return ExitReason::Stopped;
                 }
-            } else if self.settings.enabled {
+            } else if self.settings.enabled && !self.waiting_for_update {
+                // (Its statements are the new library's: an older schema waits for its update.)
                 let slot = self.slot;
                 let stop = || registry::must_leave_now(slot) || shutdown_requested();
                 self.housekeeping.archive_if_due(schema, stop);

@@ -146,12 +146,17 @@ def test_no_connection_to_a_database_that_allows_none(cluster):
 def test_a_database_on_an_older_version_waits_for_its_update_asleep(cluster, receiver):
     """After a new library, a database still on the old version has a worker that waits for
     ALTER EXTENSION … UPDATE and says so (docs/upgrades.md). It said "idle" and ran a
-    transaction per loop, a whole core, until the update."""
+    transaction per loop, a whole core, until the update. Nor does it touch the tables: its
+    housekeeping ran the new library's statements against the old schema, moving DONE messages
+    to the history meanwhile."""
     assert PREVIOUS != CURRENT
     cluster.create_database("current")
     cluster.create_database("behind", extension=False)
-    with cluster.connect("behind") as conn:
+    with cluster.connect("behind") as conn, conn.transaction():
         conn.execute(f"CREATE EXTENSION outbox_ext VERSION '{PREVIOUS}'")
+        # A message done two minutes ago: one the worker's archiving would move at once.
+        conn.execute("""INSERT INTO outbox (topic, payload, status, attempts, processed_at)
+                        VALUES ('done.before', '{}', 'DONE', 1, now() - interval '2 minutes')""")
     eventually(lambda: "behind" in cluster.worker_pids(), timeout=10, what="its worker")
     pid = cluster.worker_pids()["behind"]
 
@@ -163,8 +168,16 @@ def test_a_database_on_an_older_version_waits_for_its_update_asleep(cluster, rec
     busy = cpu_share(pid)
     assert busy < 0.2, f"the worker used {busy:.0%} of a CPU while waiting for the update"
     assert state() == "waiting for ALTER EXTENSION outbox_ext UPDATE"
+    with cluster.connect("behind") as conn:
+        assert conn.execute("SELECT status FROM ONLY outbox").fetchall() == [("DONE",)], "archived before the update"
 
     with cluster.connect("behind") as conn:
         conn.execute("ALTER EXTENSION outbox_ext UPDATE")
     deliver_one(cluster, "behind", receiver, "after.update")
     assert state() in ("idle", "delivering")
+
+    def archived():
+        with cluster.connect("behind") as conn:
+            return conn.execute("SELECT count(*) FROM ONLY outbox WHERE topic = 'done.before'").fetchone() == (0,)
+
+    eventually(archived, what="the housekeeping to resume after the update")
