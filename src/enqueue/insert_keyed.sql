@@ -6,7 +6,7 @@
 -- COMMITTED, and for a table with triggers: otherwise src/enqueue/direct_insert.rs writes the
 -- same row without a statement.
 INSERT INTO @extschema@.outbox AS o (topic, payload, available_at, headers, dedupe_key, ordering_key, waiting_for)
-SELECT $1, $2, pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) $3, $4, $5, $6,
+SELECT $1, $2, $3, $4, $5, $6,
        CASE WHEN EXISTS (SELECT FROM ONLY @extschema@.outbox h
                           WHERE h.ordering_key OPERATOR(pg_catalog.=) $6
                             AND h.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status

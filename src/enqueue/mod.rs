@@ -20,30 +20,26 @@ mod direct_insert;
 /// dedupe_key's limit, in characters.
 pub const MAX_DEDUPE_KEY_CHARS: usize = 255;
 
-static INSERT: Statement = Statement::new(include_str!("insert.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID]);
+static INSERT: Statement = Statement::new(include_str!("insert.sql"), &[TEXTOID, JSONBOID, TIMESTAMPTZOID, JSONBOID]);
 static INSERT_ONCE_PER_KEY: Statement =
-    Statement::new(include_str!("insert_once_per_key.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID, TEXTOID]);
+    Statement::new(include_str!("insert_once_per_key.sql"), &[TEXTOID, JSONBOID, TIMESTAMPTZOID, JSONBOID, TEXTOID]);
 static INSERT_KEYED: Statement =
-    Statement::new(include_str!("insert_keyed.sql"), &[TEXTOID, JSONBOID, INTERVALOID, JSONBOID, TEXTOID, TEXTOID]);
+    Statement::new(include_str!("insert_keyed.sql"), &[TEXTOID, JSONBOID, TIMESTAMPTZOID, JSONBOID, TEXTOID, TEXTOID]);
 static KEY_HOLDER: Statement = Statement::new(include_str!("key_holder.sql"), &[TEXTOID, TEXTOID]);
-static INSERT_BATCH: Statement = Statement::new(include_str!("insert_batch.sql"), &[TEXTOID, JSONBARRAYOID, INTERVALOID]);
+static INSERT_BATCH: Statement = Statement::new(include_str!("insert_batch.sql"), &[TEXTOID, JSONBARRAYOID, TIMESTAMPTZOID]);
 
 const EMPTY_PAYLOAD_HINT: &str = "Use '{}'::jsonb for an empty payload.";
 
-/// The `delay` argument: not NULL, not negative.
-fn checked_delay(function: &'static str, args: &Args, n: usize) -> pg_sys::Datum {
+/// When a message enqueued now with the `delay` argument `n` becomes due (its `available_at`):
+/// the clock plus the delay. The one place this rule is written: the INSERT statements and the
+/// direct insert are given its result. The delay must not be NULL nor take the clock back.
+fn available_at(function: &'static str, args: &Args, n: usize) -> pg_sys::Datum {
+    use pgrx::datum::IntoDatum;
     let delay = required(args.interval(n), function, "delay");
     if interval::moves_clock(&delay) == Ordering::Less {
         let shown = interval::shown(&delay);
         raise(OutboxError::invalid(function, "delay", format!("must not be negative, got {shown}")));
     }
-    args.datum(n).expect("not NULL")
-}
-
-/// When a message enqueued now with `delay` becomes due: `clock_timestamp() + delay`, as the
-/// INSERT statements compute it.
-fn available_at(delay: pgrx::datum::Interval) -> pg_sys::Datum {
-    use pgrx::datum::IntoDatum;
     (pgrx::datum::clock_timestamp() + delay).into_datum().expect("a timestamp")
 }
 
@@ -97,7 +93,7 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     if args.is_null(1) {
         raise(OutboxError::null(FUNCTION, "payload").with_hint(EMPTY_PAYLOAD_HINT));
     }
-    let delay = checked_delay(FUNCTION, &args, 2);
+    let available_at = available_at(FUNCTION, &args, 2);
     for (n, argument) in [(3, "dedupe_key"), (4, "ordering_key")] {
         if let Some(key) = args.text_bytes(n) {
             check_key(FUNCTION, argument, key);
@@ -113,7 +109,7 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     // Without a dedupe_key the row is written without a plan (direct_insert), or by the
     // statements when the table has triggers (or, with an ordering key, outside READ COMMITTED).
     if args.is_null(3) {
-        let mut columns = message_columns(&args, args.datum(1).expect("not NULL"));
+        let mut columns = message_columns(&args, args.datum(1).expect("not NULL"), available_at);
         if let Some(headers) = args.datum(5) {
             columns.push(("headers", headers));
         }
@@ -122,7 +118,7 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
         }
     }
     let mut spi = Spi::connect();
-    let arguments = [args.datum(0), args.datum(1), Some(delay), args.datum(5), args.datum(3), args.datum(4)];
+    let arguments = [args.datum(0), args.datum(1), Some(available_at), args.datum(5), args.datum(3), args.datum(4)];
     if let Some(ordering_key) = args.datum(4) {
         ordering::hold_key_for_producer(&mut spi, schema, ordering_key);
     }
@@ -141,7 +137,8 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     if elements.contains(&None) {
         raise(OutboxError::null_element(FUNCTION, "payloads"));
     }
-    let delay = checked_delay(FUNCTION, &args, 2);
+    // (One reading of the clock: the batch's messages are due together, in the payloads' order.)
+    let available_at = available_at(FUNCTION, &args, 2);
     if let Some(key) = args.text_bytes(3) {
         check_key(FUNCTION, "ordering_key", key);
     }
@@ -154,7 +151,7 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     let mut result = SetResult::begin(&args);
     let Some(ordering_key) = args.datum(3) else {
         let mut spi = Spi::connect();
-        let rows = spi.execute(&INSERT_BATCH, schema, &[args.datum(0), args.datum(1), Some(delay)]);
+        let rows = spi.execute(&INSERT_BATCH, schema, &[args.datum(0), args.datum(1), Some(available_at)]);
         for row in 0..rows.len() {
             result.push_row(rows.datum(row, 1).expect("a whole row is never NULL"));
         }
@@ -165,7 +162,7 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     // are written without a plan while that can be done (the answer is the same for each).
     let mut payloads = elements.into_iter().flatten().peekable();
     while let Some(&payload) = payloads.peek() {
-        let Some(row) = direct_insert::insert(schema, &message_columns(&args, payload), Some(ordering_key)) else {
+        let Some(row) = direct_insert::insert(schema, &message_columns(&args, payload, available_at), Some(ordering_key)) else {
             break;
         };
         result.push_row(row);
@@ -175,7 +172,7 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
         let mut spi = Spi::connect();
         ordering::hold_key_for_producer(&mut spi, schema, ordering_key);
         for payload in payloads {
-            let arguments = [args.datum(0), Some(payload), Some(delay), None, None, Some(ordering_key)];
+            let arguments = [args.datum(0), Some(payload), Some(available_at), None, None, Some(ordering_key)];
             if let Some(row) = insert(&mut spi, schema, arguments) {
                 result.push_row(row);
             }
@@ -185,14 +182,10 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     result.finish()
 });
 
-/// A message's topic (argument 0), `payload` and available_at (from the delay, argument 2), as
-/// the columns the direct insert takes.
-fn message_columns(args: &Args, payload: pg_sys::Datum) -> Vec<(&'static str, pg_sys::Datum)> {
-    vec![
-        ("topic", args.datum(0).expect("not NULL")),
-        ("payload", payload),
-        ("available_at", available_at(args.interval(2).expect("checked"))),
-    ]
+/// A message's topic (argument 0), `payload` and `available_at`, as the columns the direct
+/// insert takes.
+fn message_columns(args: &Args, payload: pg_sys::Datum, available_at: pg_sys::Datum) -> Vec<(&'static str, pg_sys::Datum)> {
+    vec![("topic", args.datum(0).expect("not NULL")), ("payload", payload), ("available_at", available_at)]
 }
 
 // outbox_uuid_v7() RETURNS uuid: a time-ordered UUID (version 7), the default of public_id:
