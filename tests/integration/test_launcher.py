@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from support import cpu_share, eventually
+from support import cpu_share, eventually, released_versions
 from support.cluster import ScratchCluster
 from support.receiver import Receiver
 
@@ -15,8 +15,7 @@ PORT = 25342
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CURRENT = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
 # The latest release before the library's version (its install script is frozen in sql/versions/).
-PREVIOUS = max((p.name.removeprefix("outbox_ext--").removesuffix(".sql") for p in (ROOT / "sql/versions").glob("outbox_ext--*.sql")),
-               key=lambda v: tuple(int(n) for n in v.split(".")))
+PREVIOUS = released_versions()[-1]
 
 
 @pytest.fixture(scope="module")

@@ -13,18 +13,14 @@ import psycopg
 import pytest
 
 from conftest import pg_program
-from support import EVERY_STATE, STATE, eventually, fresh_database
+from support import EVERY_STATE, STATE, eventually, fresh_database, released_versions, version_key
 from support.receiver import Receiver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PREVIOUS = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.5.1", "0.5.2", "0.5.3", "0.5.4", "0.5.5", "0.5.6", "0.5.7", "0.5.8", "0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15"]
+PREVIOUS = released_versions()
 CURRENT = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
 # Scripts of released versions, frozen: their SHA-256 (a release adds its scripts here).
 RELEASED = ROOT / "sql/released.sha256"
-
-
-def version_key(version):
-    return tuple(int(part) for part in version.split("."))
 
 
 # Since 0.4.0: ordering keys (a head and one waiting behind it), a message handed to its
@@ -102,6 +98,7 @@ def test_released_scripts_never_change():
         target = path.stem.split("--")[-1]
         if version_key(target) < version_key(CURRENT):
             assert str(path.relative_to(ROOT)) in listed, f"{path.name} belongs to a release: add it to {RELEASED.name}"
+            assert target in PREVIOUS, f"release {target} has no install script in sql/versions/ (nor a place in test_upgrade)"
 
 
 def test_the_ordinary_install_puts_every_upgrade_script_on_disk():

@@ -11,6 +11,19 @@ import time
 import psycopg
 
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def released_versions() -> list[str]:
+    """Every release, oldest first: a release freezes its install script in sql/versions/."""
+    names = (p.name.removeprefix("outbox_ext--").removesuffix(".sql") for p in (ROOT / "sql/versions").glob("outbox_ext--*.sql"))
+    return sorted(names, key=version_key)
+
+
 def admin_connection(dbname: str = "postgres") -> psycopg.Connection:
     """An autocommit superuser connection (the scratch cluster's bootstrap user)."""
     return psycopg.connect(dbname=dbname, autocommit=True)
