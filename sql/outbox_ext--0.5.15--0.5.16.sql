@@ -440,7 +440,7 @@ $$;
 -- Operating the outbox: the numbers to watch, dead-letter repair, housekeeping.
 -- These functions run with the extension owner's rights (SECURITY DEFINER) and are granted to
 -- outbox_admin (and the statistics to pg_monitor), not to PUBLIC. Each pins
--- search_path = pg_catalog, pg_temp, names the extension's objects as @extschema@.name and
+-- search_path = pg_catalog, pg_temp, names the extension's objects with their schema and
 -- passes every argument with its type, so that no look-alike (an operator, or an overload of
 -- one of these functions in the extension's schema) is ever chosen over what is meant.
 

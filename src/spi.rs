@@ -311,3 +311,188 @@ impl Rows<'_> {
         self.datum(row, column).map(|datum| unsafe { pg_sys::SPI_datumTransfer(datum, false, -1) })
     }
 }
+
+/// Where a placeholder sits in a statement's or a script's text, when not in plain code.
+#[cfg(test)]
+#[derive(Debug, PartialEq)]
+enum Context {
+    Literal,
+    QuotedIdentifier,
+    DollarQuoted,
+    Comment,
+}
+
+/// Each place (byte offset) where `placeholder` sits outside plain code in `sql`, and in what.
+/// The schema's name replaces `@extschema@` quoted as an identifier: safe in code only. In a
+/// literal or a comment, a schema renamed to a name with a quote or a line break (which its
+/// owner may do) would end it and run the rest of the name as SQL. With `bodies_are_code`,
+/// dollar-quoted bodies (of functions, in an install script) are read as code.
+#[cfg(test)]
+fn placeholders_outside_code(sql: &str, placeholder: &str, bodies_are_code: bool) -> Vec<(usize, Context)> {
+    #[derive(PartialEq)]
+    enum In {
+        Code,
+        Literal { backslash_escapes: bool },
+        QuotedIdentifier,
+        LineComment,
+        BlockComment(u32),
+        DollarQuoted(String),
+    }
+    let bytes = sql.as_bytes();
+    let (mut state, mut at, mut found) = (In::Code, 0, Vec::new());
+    while at < bytes.len() {
+        let rest = &sql[at..];
+        if rest.starts_with(placeholder) {
+            match state {
+                In::Code => {}
+                In::Literal { .. } => found.push((at, Context::Literal)),
+                In::QuotedIdentifier => found.push((at, Context::QuotedIdentifier)),
+                In::LineComment | In::BlockComment(_) => found.push((at, Context::Comment)),
+                In::DollarQuoted(_) => found.push((at, Context::DollarQuoted)),
+            }
+        }
+        let mut step = 1;
+        state = match state {
+            In::Code if rest.starts_with("--") => In::LineComment,
+            In::Code if rest.starts_with("/*") => In::BlockComment(1),
+            In::Code if rest.starts_with('\'') => {
+                let escape_string = at > 0 && bytes[at - 1].eq_ignore_ascii_case(&b'e');
+                In::Literal { backslash_escapes: escape_string }
+            }
+            In::Code if rest.starts_with('"') => In::QuotedIdentifier,
+            In::Code if rest.starts_with('$') && (at == 0 || !bytes[at - 1].is_ascii_alphanumeric()) => {
+                match rest[1..].find('$').map(|end| &rest[..end + 2]) {
+                    Some(tag) if tag[1..tag.len() - 1].chars().all(|c| c.is_alphanumeric() || c == '_') => {
+                        step = tag.len();
+                        if bodies_are_code {
+                            In::Code
+                        } else {
+                            In::DollarQuoted(tag.to_string())
+                        }
+                    }
+                    _ => In::Code, // a parameter ($1)
+                }
+            }
+            In::Literal { backslash_escapes: true } if rest.starts_with('\\') => {
+                step = 2;
+                In::Literal { backslash_escapes: true }
+            }
+            In::Literal { .. } if rest.starts_with("''") => {
+                step = 2;
+                state
+            }
+            In::Literal { .. } if rest.starts_with('\'') => In::Code,
+            In::QuotedIdentifier if rest.starts_with("\"\"") => {
+                step = 2;
+                In::QuotedIdentifier
+            }
+            In::QuotedIdentifier if rest.starts_with('"') => In::Code,
+            In::LineComment if rest.starts_with('\n') => In::Code,
+            In::BlockComment(depth) if rest.starts_with("/*") => {
+                step = 2;
+                In::BlockComment(depth + 1)
+            }
+            In::BlockComment(depth) if rest.starts_with("*/") => {
+                step = 2;
+                if depth == 1 {
+                    In::Code
+                } else {
+                    In::BlockComment(depth - 1)
+                }
+            }
+            In::DollarQuoted(tag) if rest.starts_with(tag.as_str()) => {
+                step = tag.len();
+                In::Code
+            }
+            other => other,
+        };
+        at += step;
+        while !sql.is_char_boundary(at) {
+            at += 1;
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::{placeholders_outside_code, Context};
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn finds_the_placeholder_in_literals_identifiers_bodies_and_comments() {
+        for (sql, context) in [
+            ("SELECT '@extschema@.outbox'::regclass", Context::Literal),
+            ("SELECT E'it\\'s @extschema@'", Context::Literal),
+            ("SELECT 'it''s @extschema@'", Context::Literal),
+            ("SELECT \"@extschema@\"", Context::QuotedIdentifier),
+            ("SELECT 1 -- see @extschema@.outbox", Context::Comment),
+            ("SELECT 1 /* a /* nested */ @extschema@ */", Context::Comment),
+            ("DO $body$ SELECT @extschema@.outbox $body$", Context::DollarQuoted),
+            ("SELECT $$@extschema@$$", Context::DollarQuoted),
+        ] {
+            assert_eq!(placeholders_outside_code(sql, "@extschema@", false), [(sql.find('@').unwrap(), context)], "{sql}");
+        }
+        for sql in [
+            "SELECT o.id FROM @extschema@.outbox o WHERE o.topic = $1 AND o.note = 'it''s'",
+            "SELECT 1 -- a comment\nFROM @extschema@.outbox /* another */ WHERE x = $2",
+            "SELECT '--' || @extschema@.f($1)",
+        ] {
+            assert_eq!(placeholders_outside_code(sql, "@extschema@", false), [], "{sql}");
+        }
+        // A function body in an install script is code, with its own comments.
+        let body = "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$ SELECT 1 FROM @extschema@.t -- @extschema@\n $$;";
+        assert_eq!(placeholders_outside_code(body, "@extschema@", true), [(body.rfind("@extschema@").unwrap(), Context::Comment)]);
+    }
+
+    fn sql_files(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("a readable directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                sql_files(&path, found);
+            } else if path.extension().is_some_and(|e| e == "sql") {
+                found.push(path);
+            }
+        }
+    }
+
+    /// Every statement the extension plans at run time (the `.sql` files under src/) names its
+    /// schema in code only: see placeholders_outside_code.
+    #[test]
+    fn statements_name_the_schema_in_code_only() {
+        let mut files = Vec::new();
+        sql_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut files);
+        assert!(files.len() > 40, "found only {} statement files", files.len());
+        for file in files {
+            let sql = std::fs::read_to_string(&file).expect("a statement file");
+            for placeholder in ["@extschema@", "@day@"] {
+                let outside = placeholders_outside_code(&sql, placeholder, false);
+                assert!(outside.is_empty(), "{}: {placeholder} outside code: {outside:?}", file.display());
+            }
+        }
+    }
+
+    /// The sources of the install and update scripts never name the schema in a comment.
+    /// PostgreSQL substitutes it in their text at CREATE and ALTER EXTENSION … UPDATE, run by a
+    /// superuser; it refuses names with quotes (literals are safe there) but not with a line
+    /// break, which would end the comment. (The released scripts are frozen: 0.5.15 and
+    /// earlier have one such comment, in the header of operations.sql.)
+    #[test]
+    fn install_scripts_name_the_schema_in_no_comment() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql");
+        let mut files: Vec<PathBuf> = ["schema", "helpers", "api", "subscriptions", "operations", "privileges"]
+            .iter()
+            .map(|name| root.join(format!("{name}.sql")))
+            .collect();
+        sql_files(&root.join("upgrades"), &mut files);
+        for file in files {
+            let sql = std::fs::read_to_string(&file).expect("a script");
+            let in_comments: Vec<usize> = placeholders_outside_code(&sql, "@extschema@", true)
+                .into_iter()
+                .filter(|(_, context)| *context == Context::Comment)
+                .map(|(at, _)| at)
+                .collect();
+            assert!(in_comments.is_empty(), "{}: @extschema@ in a comment at byte {in_comments:?}", file.display());
+        }
+    }
+}

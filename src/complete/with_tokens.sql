@@ -1,7 +1,7 @@
 -- outbox_complete with lease tokens, first step: $1 ids, $2 their tokens (an element NULL: any
 -- holder), $3 the completion time. A message is completed only while PENDING and only while
 -- its token still holds it. Here it leaves outbox at once for the history of its day,
--- outbox_history_@day@ (day: see src/history.rs), unless a dedupe_key must keep holding or it
+-- outbox_history_N of its day (src/history.rs), unless a dedupe_key must keep holding or it
 -- has (or is getting) deliveries: in_place_with_tokens.sql makes those DONE where they are, and
 -- outbox_archive moves them later (docs/storage.md). Returns how many it moved and their
 -- ordering keys (for src/ordering). (The rows are found by `id = ANY ($1)` in the primary key:

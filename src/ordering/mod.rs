@@ -23,7 +23,7 @@ use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
 static LOCK_HEAD: Statement = Statement::new(include_str!("lock_head.sql"), &[TEXTOID]);
-static LOCK_KEYS: Statement = Statement::new(include_str!("lock_keys.sql"), &[TEXTARRAYOID]);
+static LOCK_KEYS: Statement = Statement::new(include_str!("lock_keys.sql"), &[TEXTARRAYOID, INT4OID]);
 static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messages.sql"), &[TEXTARRAYOID]);
 static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
 
@@ -53,22 +53,29 @@ pub fn hold_key_in_read_committed(schema: pg_sys::Oid, key: pg_sys::Datum) -> bo
         if pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
             return false;
         }
-        let outbox = pg_sys::get_relname_relid(c"outbox".as_ptr(), schema);
         let hash = pg_sys::OidFunctionCall1Coll(
             pg_sys::Oid::from(pg_sys::F_HASHTEXT),
             pg_sys::Oid::from(pg_sys::BuiltinOid::DEFAULT_COLLATION_OID),
             key,
         );
-        // (The oid as int4, as SQL's `oid::int4` makes it: the same bits.)
-        let outbox_as_int4 = pg_sys::Datum::from(u32::from(outbox) as i32);
         pg_sys::OidFunctionCall2Coll(
             pg_sys::Oid::from(pg_sys::F_PG_ADVISORY_XACT_LOCK_SHARED_INT4_INT4),
             pg_sys::InvalidOid,
-            outbox_as_int4,
+            pg_sys::Datum::from(key_lock_space(schema)),
             hash,
         );
     }
     true
+}
+
+/// The first half of the tag of every key's advisory lock: outbox's oid as an int4, as SQL's
+/// `'outbox'::regclass::oid::int4` makes it (the same bits). Passed to lock_keys.sql as a value:
+/// a statement must not name the schema inside a literal, where a schema renamed to a name with
+/// a quote would end the literal.
+fn key_lock_space(schema: pg_sys::Oid) -> i32 {
+    // SAFETY: a catalog lookup by name in the extension's schema.
+    let outbox = unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), schema) };
+    u32::from(outbox) as i32
 }
 
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
@@ -77,7 +84,7 @@ pub fn release_message_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_
     if keys.is_none() {
         return 0;
     }
-    spi.execute(&LOCK_KEYS, schema, &[keys]);
+    spi.execute(&LOCK_KEYS, schema, &[keys, Some(pg_sys::Datum::from(key_lock_space(schema)))]);
     spi.execute_seeing_latest_commits(&RELEASE_MESSAGES, schema, &[keys]).get::<i32>(0, 1).unwrap_or(0)
 }
 

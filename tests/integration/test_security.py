@@ -189,6 +189,49 @@ def test_a_hostile_search_path_cannot_hijack_the_kept_plans_of_claim_and_complet
     assert db.execute("SELECT count(*) FILTER (WHERE status = 'DONE'), count(*) FROM outbox").fetchone() == (3, 3)
 
 
+def test_the_owner_of_the_extensions_schema_cannot_run_sql_as_its_owner_by_renaming_it(db, roles):
+    """The extension's statements name its schema as it is called when they are planned. One
+    named it inside a string literal (the release of an ordering key), so the schema's owner (the
+    database owner, for public) could rename it to close the literal and call an operator of
+    theirs as the extension's owner, a superuser, from any consumer's call (found by stop 39's
+    probe). Renamed to such a name, the extension's functions keep working, and run nothing of
+    the schema owner's."""
+    db.execute("DROP ROLE IF EXISTS schema_owner")
+    db.execute("CREATE ROLE schema_owner LOGIN")
+    database = db.execute("SELECT current_database()").fetchone()[0]
+    db.execute(f'GRANT CONNECT, CREATE ON DATABASE "{database}" TO schema_owner')
+    # (As the database owner: it owns public, and may create schemas and rename them.)
+    db.execute("ALTER SCHEMA public OWNER TO schema_owner")
+    db.execute("CREATE SCHEMA evil AUTHORIZATION schema_owner")
+    renamed = "' OPERATOR(evil.%) 0, 0)--"
+    try:
+        with connect(user="schema_owner", autocommit=True) as attacker:
+            attacker.execute("CREATE TABLE evil.ran_as (who text)")
+            attacker.execute("GRANT USAGE ON SCHEMA evil TO PUBLIC")
+            attacker.execute("GRANT INSERT ON evil.ran_as TO PUBLIC")
+            attacker.execute("""CREATE FUNCTION evil.trap(text, integer) RETURNS integer LANGUAGE sql AS
+                                $$ INSERT INTO evil.ran_as VALUES (current_user); SELECT 0 $$""")
+            attacker.execute("CREATE OPERATOR evil.% (LEFTARG = text, RIGHTARG = integer, FUNCTION = evil.trap)")
+            attacker.execute(f'ALTER SCHEMA public RENAME TO "{renamed}"')
+        with connect(user="app_producer", autocommit=True) as producer:
+            producer.execute(f'SET search_path = "{renamed}"')
+            for n in range(2):
+                producer.execute("SELECT outbox_enqueue('booking.created', '{}', ordering_key => 'booking:42')")
+        with connect(user="app_consumer", autocommit=True) as consumer:
+            consumer.execute(f'SET search_path = "{renamed}"')
+            for _ in range(2):  # the head, then the message its completion released
+                [(id, token)] = consumer.execute("SELECT id, lease_token FROM outbox_claim(10)").fetchall()
+                assert consumer.execute("SELECT outbox_complete(%s::bigint, %s::uuid)", (id, token)).fetchone()[0]
+        assert db.execute("SELECT who FROM evil.ran_as").fetchall() == []
+    finally:
+        if db.execute("SELECT to_regnamespace(%s)", (f'"{renamed}"',)).fetchone()[0]:
+            db.execute(f'ALTER SCHEMA "{renamed}" RENAME TO public')
+        db.execute("ALTER SCHEMA public OWNER TO pg_database_owner")
+        db.execute("DROP SCHEMA IF EXISTS evil CASCADE")
+        db.execute(f'REVOKE CONNECT, CREATE ON DATABASE "{database}" FROM schema_owner')
+        db.execute("DROP ROLE schema_owner")
+
+
 def test_a_dedupe_key_never_reveals_another_producers_message(db, roles):
     """0.3.0 returned the other message, payload included, and queued nothing. Keys are scoped
     to the topic; a duplicate returns only the id and public_id of the message that holds the
