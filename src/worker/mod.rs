@@ -58,8 +58,12 @@ use std::time::{Duration, Instant};
 const FIRST_RETRY_WAIT: Duration = Duration::from_millis(100);
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
 /// Stopping, the worker waits for the requests in flight (each gives up by its timeout) and
-/// then this long to record their answers.
+/// then this long to record their answers...
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
+/// ... but no longer than this in all: a fast shutdown waits for the worker, and `pg_ctl`
+/// gives up after 60 s, where an endpoint's timeout may be 10 minutes. What has not answered by
+/// then is sent again by the next worker (at least once).
+const MAX_DRAIN: Duration = Duration::from_secs(10);
 /// Answers wait at most this long to be recorded while deliveries are queued (a batch of
 /// answers, or nothing left to start, records them at once): one transaction records many.
 const RECORD_WITHIN: Duration = Duration::from_millis(10);
@@ -117,7 +121,7 @@ struct Worker {
     /// The database's extension is older than the library: nothing runs until its update.
     waiting_for_update: bool,
     /// Once draining: the time by which the worker exits, whatever is left (the slowest request
-    /// in flight gives up by then).
+    /// in flight gives up by then, or MAX_DRAIN has passed).
     drain_deadline: Option<Instant>,
 }
 
@@ -193,7 +197,7 @@ impl Worker {
             if shutdown_requested() && !self.draining {
                 self.draining = true;
                 let slowest = self.pool.latest_deadline.unwrap_or_else(Instant::now).max(Instant::now());
-                self.drain_deadline = Some(slowest + DRAIN_GRACE);
+                self.drain_deadline = Some((slowest + DRAIN_GRACE).min(Instant::now() + MAX_DRAIN));
                 self.set_state(WorkerState::Draining);
                 self.retry_at = self.retry_at.map(|at| at.min(Instant::now() + Duration::from_secs(1)));
             }

@@ -468,6 +468,24 @@ def test_sigterm_lets_the_deliveries_in_flight_finish_and_records_them(worker, r
     assert statuses == [(worker_pid(worker),)], statuses
 
 
+def test_a_stop_waits_for_a_slow_endpoint_ten_seconds_at_most(worker, receiver):
+    """A fast shutdown waits for the worker, which waited for its slowest request in flight: with
+    an endpoint's timeout of a minute, 56.5 s (stop 39's probe), near pg_ctl's 60 s and far
+    from what a stop should take. It now waits 10 s at most; the next worker sends the
+    unanswered request again."""
+    worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => interval '60 seconds')", (receiver.url,))
+    receiver.answer(200, delay=40)  # the first request; the next ones are answered at once
+    message_id, _ = enqueue(worker)
+    receiver.wait_for(1, started=True)
+    pid = worker_pid(worker)
+    signalled = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    eventually(lambda: worker_pid(worker) != pid, timeout=60, what="the worker to exit")
+    waited = time.monotonic() - signalled
+    assert waited < 25, f"the worker took {waited:.0f} s to stop (10 s at most, plus a wide margin)"
+    eventually(status_is(worker, message_id, "DONE"), timeout=30, what="the next worker to send it again")
+
+
 def test_a_worker_killed_mid_batch_loses_nothing(worker, receiver):
     worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
     receiver.answer_by_default(200, delay=0.05)
