@@ -17,7 +17,7 @@ CREATE OR REPLACE FUNCTION outbox_stats() RETURNS TABLE (
     pending                     bigint,    -- PENDING messages: the depth
     ready                       bigint,    -- ... of which claimable now
     in_flight                   bigint,    -- ... of which held by a consumer under a live lease
-    retrying                    bigint,    -- ... of which failed before and wait for a retry
+    retrying                    bigint,    -- ... of which failed before and wait for their retry to fall due
     dead                        bigint,    -- DEAD messages: somebody should look
     oldest_ready_age            interval,  -- how long the oldest ready message has been waiting
     oldest_pending_age          interval,  -- age of the oldest PENDING message
@@ -104,7 +104,8 @@ BEGIN
                count(l.created_at) AS pending,
                count(*) FILTER (WHERE l.waiting_for IS NULL AND l.available_at <= clock_now) AS ready,
                count(*) FILTER (WHERE l.available_at > clock_now AND l.lease_token IS NOT NULL) AS in_flight,
-               count(*) FILTER (WHERE l.attempts > 0 AND l.lease_token IS NULL AND l.waiting_for IS NULL) AS retrying,
+               count(*) FILTER (WHERE l.attempts > 0 AND l.lease_token IS NULL AND l.waiting_for IS NULL
+                                        AND l.available_at > clock_now) AS retrying,
                sum(l.dead)::bigint AS dead,
                min(l.available_at) FILTER (WHERE l.waiting_for IS NULL AND l.available_at <= clock_now) AS oldest_ready_at,
                min(l.created_at) AS oldest_created_at,
@@ -229,7 +230,7 @@ CREATE OR REPLACE FUNCTION outbox_endpoint_stats() RETURNS TABLE (
     pending               bigint,    -- deliveries not yet ended
     ready                 bigint,    -- ... of which due now
     in_flight             bigint,    -- ... of which a request is in flight
-    retrying              bigint,    -- ... of which failed before and wait for a retry
+    retrying              bigint,    -- ... of which failed before and wait for their retry to fall due
     dead                  bigint,    -- deliveries this endpoint gave up on
     oldest_pending_age    interval,  -- age of the oldest message this endpoint has yet to take
     delivered_last_minute bigint,    -- requests it answered with 2xx in the last minute
@@ -256,7 +257,8 @@ AS $$
             SELECT count(*) AS pending,
                    count(*) FILTER (WHERE d.available_at <= clock_timestamp() AND NOT d.leased AND d.waiting_for IS NULL) AS ready,
                    count(*) FILTER (WHERE d.leased) AS in_flight,
-                   count(*) FILTER (WHERE NOT d.leased AND d.attempts > 0 AND d.waiting_for IS NULL) AS retrying,
+                   count(*) FILTER (WHERE NOT d.leased AND d.attempts > 0 AND d.waiting_for IS NULL
+                                        AND d.available_at > clock_timestamp()) AS retrying,
                    clock_timestamp() - min(m.created_at) AS oldest_pending_age
               FROM (SELECT r.message_id, r.available_at, r.leased, r.attempts, r.waiting_for FROM ONLY @extschema@.outbox_delivery r
                      WHERE r.subscription_id = s.id AND r.status = 'PENDING'::@extschema@.outbox_status AND r.waiting_for IS NULL

@@ -53,6 +53,26 @@ def test_stats_count_every_state_per_topic_and_in_total(db):
     assert invoice["oldest_ready_age"] is None
 
 
+def test_a_failed_message_whose_retry_is_due_counts_as_ready_not_retrying(db):
+    """ready, in_flight and retrying are parts of pending: a message or delivery whose retry has
+    fallen due is ready, no longer retrying (0.5.15 counted it in both; found by stop 39's
+    probe of the docs)."""
+    [message_id] = enqueue_many(db, 1, "invoice.paid")
+    token = db.execute("SELECT lease_token FROM outbox_claim(1, ARRAY['invoice.paid'])").fetchone()[0]
+    db.execute("SELECT outbox_fail(%s, 'HTTP 503', %s, interval '0')", (message_id, token))
+    invoice = stats(db)["invoice.paid"]
+    assert (invoice["pending"], invoice["ready"], invoice["in_flight"], invoice["retrying"]) == (1, 1, 0, 0)
+
+    # The same per endpoint (disabled: the worker leaves it alone), with one delivery not due yet.
+    db.execute("INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('audit.exported', 'http://127.0.0.1:9/', false)")
+    db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, available_at)
+                  SELECT (outbox_enqueue('audit.exported', '{}')).id, (SELECT id FROM outbox_subscription), 'PENDING', 1,
+                         clock_timestamp() + d
+                    FROM unnest(ARRAY[interval '-1 second', interval '1 hour']) d""")
+    db.execute("UPDATE outbox SET waiting_for = 'deliveries' WHERE topic = 'audit.exported'")
+    assert db.execute("SELECT pending, ready, in_flight, retrying FROM outbox_endpoint_stats()").fetchone() == (2, 1, 0, 1)
+
+
 def test_stats_read_only_live_rows_through_indexes(db):
     enqueue_many(db, 100)
     make_dead(db)
