@@ -192,6 +192,7 @@ impl Worker {
 
         loop {
             if registry::must_leave_now(self.slot) {
+                self.hand_back_before_leaving(schema);
                 return ExitReason::Stopped; // abandons what is in flight: redelivered later
             }
             if shutdown_requested() && !self.draining {
@@ -295,6 +296,24 @@ impl Worker {
                     self.next_refresh = Instant::now();
                 }
             }
+        }
+    }
+
+    /// Before leaving at once (a statement that needs the database without connections, or
+    /// DROP EXTENSION, waits for it): one short transaction records the answers already back
+    /// and hands back what was queued and never sent, so that its attempt does not count. (The
+    /// next worker would take those for requests in flight: counted, sent as a second attempt,
+    /// dead with `outbox.max_attempts = 1`.) It waits for no lock; what is in flight is
+    /// abandoned and sent again by the next worker.
+    fn hand_back_before_leaving(&mut self, schema: pg_sys::Oid) {
+        self.take_answers();
+        self.handing_back.extend(self.endpoints.take_unsendable(true));
+        if self.handing_back.is_empty() && self.finished.is_empty() {
+            return;
+        }
+        session::wait_briefly();
+        if let Err(failure) = session::transaction(|| self.step(schema, false)) {
+            pgrx::log!("outbox_ext: leaving at once, the delivery worker could not hand back its queued deliveries: {failure}");
         }
     }
 

@@ -59,6 +59,17 @@ pub fn connect(database: &str) {
     }
 }
 
+/// For the worker's last transaction when it leaves at once: a statement waits for it to
+/// leave, so it waits for no lock, and briefly for anything.
+pub fn wait_briefly() {
+    for (name, value) in [(c"lock_timeout", c"50ms"), (c"statement_timeout", c"1s")] {
+        // SAFETY: a plain GUC assignment at the session level, with static values.
+        unsafe {
+            pg_sys::SetConfigOption(name.as_ptr(), value.as_ptr(), pg_sys::GucContext::PGC_USERSET, pg_sys::GucSource::PGC_S_SESSION)
+        };
+    }
+}
+
 /// An ERROR caught in one of the worker's transactions.
 #[derive(Debug, Clone)]
 pub struct Failure {
