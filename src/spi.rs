@@ -213,6 +213,39 @@ impl Spi {
         self.run(statement, schema, None, arguments, true)
     }
 
+    /// Runs `statement` as [`Spi::execute`] does, planned (and planned again) with sequential
+    /// scans off: for a statement that must look rows up by their keys whatever the planner
+    /// believes of the tables. Before their first ANALYZE (a restore, a pg_upgrade), or empty
+    /// when planned (`ONLY outbox` counts no page then), it would scan one table once per row
+    /// of the other.
+    pub fn execute_by_index(
+        &mut self,
+        statement: &'static Statement,
+        schema: pg_sys::Oid,
+        arguments: &[Option<pg_sys::Datum>],
+    ) -> Rows<'_> {
+        // SAFETY: a GUC nest level, as a function's SET clause makes one: the setting holds
+        // until AtEOXact_GUC pops the level (or the transaction's abort does, on an ERROR).
+        let level = unsafe {
+            let level = pg_sys::NewGUCNestLevel();
+            pg_sys::set_config_option(
+                c"enable_seqscan".as_ptr(),
+                c"off".as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+            level
+        };
+        let rows = self.run(statement, schema, None, arguments, false);
+        // SAFETY: pops the level made above.
+        unsafe { pg_sys::AtEOXact_GUC(true, level) };
+        rows
+    }
+
     fn run(
         &mut self,
         statement: &'static Statement,

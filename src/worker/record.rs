@@ -221,7 +221,7 @@ fn settle_locked_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i6
 /// deliveries have all ended end (settle_messages); those left without any delivery are no
 /// longer the worker's (unhand_messages.sql).
 pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid) {
-    let rows = spi.execute(&ORPHANED, schema, &[]);
+    let rows = spi.execute_by_index(&ORPHANED, schema, &[]);
     let (mut with_deliveries, mut without) = (Vec::new(), Vec::new());
     for row in 0..rows.len() {
         let id: i64 = rows.get(row, 1).expect("id");

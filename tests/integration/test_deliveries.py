@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from conftest import connect
-from support import ServerLog, eventually
+from support import ServerLog, disabled_endpoint, eventually, worker_pid
 
 def enqueue(conn, topic, payload):
     return conn.execute("SELECT id, public_id::text FROM outbox_enqueue(%s, %s::jsonb)", (topic, json.dumps(payload))).fetchone()
@@ -179,3 +179,28 @@ def test_recording_an_answer_waits_for_a_redelivery_instead_of_deadlocking_with_
                              (message_id, subscription))
     eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "DONE", what="DONE")
     assert "deadlock detected" not in log.since(), "the worker's step failed in a deadlock"
+
+
+def test_a_worker_on_tables_never_analyzed_looks_up_orphaned_messages_by_key(fast_worker, receivers):
+    """A worker starting looks for messages whose deliveries were all removed while it was away.
+    On tables never analyzed (a restore, a pg_upgrade), its plan read all of outbox_delivery
+    once per waiting message: 50 s at 50,000 restored messages, the worker deaf to everything
+    meanwhile (found by stop 39's probe). It looks each message up by key."""
+    db = fast_worker
+    receiver = receivers()
+    db.execute("SELECT outbox_subscribe('fresh.topic', %s)", (receiver.url,))
+    for table in ("outbox", "outbox_delivery"):  # as restored, before autovacuum analyzes them
+        db.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    parked = disabled_endpoint(db, "restored.topic")
+    db.execute("""INSERT INTO outbox (topic, payload, waiting_for)
+                  SELECT 'restored.topic', '{}', 'deliveries' FROM generate_series(1, 50000)""")
+    db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status)
+                  SELECT id, %s, 'PENDING' FROM ONLY outbox""", (parked,))
+    pid = worker_pid(db.info.dbname)
+    started = time.monotonic()
+    db.execute("SELECT pg_terminate_backend(%s)", (pid,))  # the next one starts on these tables
+    eventually(lambda: worker_pid(db.info.dbname) not in (None, pid), what="a new worker")
+    enqueue(db, "fresh.topic", {})
+    receiver.wait_for(1, timeout=90)
+    waited = time.monotonic() - started
+    assert waited < 20, f"the new worker delivered its first message after {waited:.0f} s"
