@@ -199,20 +199,46 @@ pub fn register_worker(preloading: bool) {
     );
 }
 
-/// The databases `outbox.worker_databases` names (trimmed, without empties or repeats), or
-/// `None` for '*' (every database with the extension).
+/// The databases `outbox.worker_databases` names (see [`database_names`]), or `None` for '*'
+/// (every database with the extension).
 pub fn worker_databases() -> Option<Vec<String>> {
     let raw = WORKER_DATABASES.get().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     if raw.trim() == "*" {
         return None;
     }
+    Some(database_names(&raw))
+}
+
+/// The names in a comma-separated list, trimmed, without empties or repeats, each as written
+/// (database names keep their case). A name with a comma, or spaces at its ends, is written in
+/// double quotes, a double quote in it doubled, as in SQL: `shop, "Odd ""DB"", x"`.
+fn database_names(list: &str) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
-    for name in raw.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        if !names.iter().any(|n| n == name) {
-            names.push(name.to_string());
+    let mut chars = list.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut name = String::new();
+        if chars.next_if_eq(&'"').is_some() {
+            while let Some(c) = chars.next() {
+                if c == '"' && chars.next_if_eq(&'"').is_none() {
+                    break;
+                }
+                name.push(c);
+            }
+            while chars.next_if(|&c| c != ',').is_some() {} // (what follows the quotes)
+        } else {
+            while let Some(c) = chars.next_if(|&c| c != ',') {
+                name.push(c);
+            }
+            name.truncate(name.trim_end().len());
+        }
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+        if chars.next().is_none() {
+            return names;
         }
     }
-    Some(names)
 }
 
 /// A string setting's check hook: `check` judges the new value; a refusal's reason becomes
@@ -362,8 +388,16 @@ pub fn retry_policy() -> RetryPolicy {
 
 #[cfg(test)]
 mod unit_tests {
-    use super::parse_duration;
+    use super::{database_names, parse_duration};
     use std::time::Duration;
+
+    #[test]
+    fn database_names_split_on_commas_outside_double_quotes() {
+        assert_eq!(database_names(" shop, billing ,,shop"), ["shop", "billing"]);
+        assert_eq!(database_names("Shop,shop"), ["Shop", "shop"]);
+        assert_eq!(database_names(r#"shop, "Odd ""DB"", x", " padded ""#), ["shop", r#"Odd "DB", x"#, " padded "]);
+        assert_eq!(database_names(""), Vec::<String>::new());
+    }
 
     #[test]
     fn durations_read_as_people_write_them() {

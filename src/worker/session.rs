@@ -8,7 +8,7 @@ use crate::spi::{Spi, Statement};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgTryBuilder;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::panic::AssertUnwindSafe;
 
 /// The role the worker connects as (sql/privileges.sql creates it and grants it what it needs).
@@ -49,25 +49,24 @@ pub fn connect(database: &str) {
         .iter()
         .map(|(name, value)| (CString::new(*name).expect("no NUL"), CString::new(*value).expect("no NUL")))
         .collect();
-    // SAFETY: called once, at the start of a background worker with database access; then
-    // plain GUC assignments with static values, at the session level.
-    unsafe {
-        pg_sys::BackgroundWorkerInitializeConnection(database.as_ptr(), role.as_ptr(), compat::BGWORKER_CONNECT_FLAGS);
-        for (name, value) in &settings {
-            pg_sys::SetConfigOption(name.as_ptr(), value.as_ptr(), pg_sys::GucContext::PGC_USERSET, pg_sys::GucSource::PGC_S_SESSION);
-        }
+    // SAFETY: called once, at the start of a background worker with database access.
+    unsafe { pg_sys::BackgroundWorkerInitializeConnection(database.as_ptr(), role.as_ptr(), compat::BGWORKER_CONNECT_FLAGS) };
+    for (name, value) in &settings {
+        set(name, value);
     }
+}
+
+/// Sets `name` to `value` for the rest of the worker's session.
+fn set(name: &CStr, value: &CStr) {
+    // SAFETY: a plain GUC assignment at the session level.
+    unsafe { pg_sys::SetConfigOption(name.as_ptr(), value.as_ptr(), pg_sys::GucContext::PGC_USERSET, pg_sys::GucSource::PGC_S_SESSION) };
 }
 
 /// For the worker's last transaction when it leaves at once: a statement waits for it to
 /// leave, so it waits for no lock, and briefly for anything.
 pub fn wait_briefly() {
-    for (name, value) in [(c"lock_timeout", c"50ms"), (c"statement_timeout", c"1s")] {
-        // SAFETY: a plain GUC assignment at the session level, with static values.
-        unsafe {
-            pg_sys::SetConfigOption(name.as_ptr(), value.as_ptr(), pg_sys::GucContext::PGC_USERSET, pg_sys::GucSource::PGC_S_SESSION)
-        };
-    }
+    set(c"lock_timeout", c"50ms");
+    set(c"statement_timeout", c"1s");
 }
 
 /// An ERROR caught in one of the worker's transactions.
