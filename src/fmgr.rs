@@ -97,15 +97,13 @@ impl Args {
         self.get::<Interval>(n)
     }
 
-    /// Refuses array argument `n` (of any element type) when it has more than one dimension:
-    /// PostgreSQL would read it flat, while a caller who wrote one meant something else.
+    /// Refuses array argument `n` (of any element type) when it has more than one dimension
+    /// (see [`require_one_dimension`]); for arrays not read through `text_array` or
+    /// `jsonb_array`, which count the dimensions themselves.
     pub fn check_one_dimension(&self, n: usize, function: &'static str, argument: &'static str) {
         let Some(datum) = self.datum(n) else { return };
         // SAFETY: the caller names an argument declared as an array.
-        let dimensions = unsafe { crate::array::dimensions(datum) };
-        if dimensions > 1 {
-            raise(OutboxError::invalid(function, argument, format!("must be a one-dimensional array, got {dimensions} dimensions")));
-        }
+        require_one_dimension(unsafe { crate::array::dimensions(datum) }, function, argument);
     }
 
     /// A `text[]` argument as UTF-8 strings (an element `None` when NULL), with its number of
@@ -122,6 +120,14 @@ impl Args {
         let datum = self.datum(n)?;
         // SAFETY: the argument is declared jsonb[].
         Some(unsafe { crate::array::varlena_elements(datum, pg_sys::JSONBOID) })
+    }
+}
+
+/// Refuses an array argument of `dimensions` when more than one: PostgreSQL would read it flat,
+/// while a caller who wrote one meant something else.
+pub fn require_one_dimension(dimensions: i32, function: &'static str, argument: &'static str) {
+    if dimensions > 1 {
+        raise(OutboxError::invalid(function, argument, format!("must be a one-dimensional array, got {dimensions} dimensions")));
     }
 }
 

@@ -12,7 +12,7 @@
 pub mod head;
 
 use crate::error::{raise, OutboxError};
-use crate::fmgr::{required, sql_function, SetResult};
+use crate::fmgr::{require_one_dimension, required, sql_function, SetResult};
 use crate::spi::{schema_of_function, Rows, Spi, Statement};
 use crate::{interval, ordering, settings, topic};
 use pgrx::datum::IntoDatum;
@@ -50,8 +50,8 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
         raise(OutboxError::invalid(FUNCTION, "batch_size", format!("must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}")));
     }
-    args.check_one_dimension(1, FUNCTION, "topics");
-    let topics: Option<Vec<String>> = args.text_array(1).map(|(topics, _)| {
+    let topics: Option<Vec<String>> = args.text_array(1).map(|(topics, dimensions)| {
+        require_one_dimension(dimensions, FUNCTION, "topics");
         topics
             .into_iter()
             .map(|wanted| {

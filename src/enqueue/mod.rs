@@ -9,7 +9,7 @@
 //! the message to consumers and endpoints.
 
 use crate::error::{or_raise, raise, OutboxError};
-use crate::fmgr::{required, sql_function, Args, SetResult};
+use crate::fmgr::{require_one_dimension, required, sql_function, Args, SetResult};
 use crate::spi::{schema_of_function, Spi, Statement};
 use crate::{interval, ordering, subscriptions, text, topic, worker};
 use pgrx::pg_sys::{self, BuiltinOid::*};
@@ -133,7 +133,7 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     const FUNCTION: &str = "outbox_enqueue_batch";
     let topic = topic::valid_argument(FUNCTION, "topic", args.text(0));
     let (elements, dimensions) = required(args.jsonb_array(1), FUNCTION, "payloads");
-    args.check_one_dimension(1, FUNCTION, "payloads");
+    require_one_dimension(dimensions, FUNCTION, "payloads");
     if elements.contains(&None) {
         raise(OutboxError::null_element(FUNCTION, "payloads"));
     }
