@@ -1,19 +1,16 @@
 """Delivery in any database: with shared_preload_libraries = 'outbox_ext' and nothing else,
 CREATE EXTENSION is enough. A server of its own, configured only with the preload."""
 
-import pathlib
 import time
-import tomllib
 
 import pytest
 
-from support import cpu_share, eventually, released_versions
+from support import CURRENT_VERSION, cpu_share, eventually, released_versions
 from support.cluster import ScratchCluster
 from support.receiver import Receiver
 
 PORT = 25342
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-CURRENT = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
+CURRENT = CURRENT_VERSION
 # The latest release before the library's version (its install script is frozen in sql/versions/).
 PREVIOUS = released_versions()[-1]
 

@@ -16,20 +16,19 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
-import tomllib
 
 import psycopg
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from support import EVERY_STATE, eventually
+from support import CURRENT_VERSION, EVERY_STATE, eventually
 from support.cluster import ScratchCluster, as_server_user
 from support.receiver import Receiver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCE = int(os.environ.get("OUTBOX_PG", "15"))
 TARGETS = [15, 16, 17, 18]
-CURRENT = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
+CURRENT = CURRENT_VERSION
 OLD_PORT, NEW_PORT = 25343, 25344
 DATABASE = "outbox_pg_upgrade"
 CONF = "outbox.worker_enabled = off"

@@ -7,11 +7,14 @@ scripts/test.sh, tests/reliability/run.py and bench/bench.py set up.
 import os
 import pathlib
 import time
+import tomllib
 
 import psycopg
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The version the sources build (the SQL in the making).
+CURRENT_VERSION = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
 
 
 def version_key(version: str) -> tuple[int, ...]:
