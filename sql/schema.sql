@@ -396,4 +396,6 @@ $$;
 
 -- ======== new in 0.5.15 ========
 
--- ======== new in 0.5.16 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.16 ========
+
+-- ======== new in 0.5.17 (scripts/make-upgrade-script.sh copies from here to the end) ========
