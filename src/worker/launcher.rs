@@ -9,7 +9,9 @@
 //! - `DROP EXTENSION` ends the worker (it notices within its poll interval); `DROP DATABASE`
 //!   pauses it first (`hooks.rs`), so the drop is not held up.
 //! - At most `outbox.max_workers` run at once; a database beyond the cap is named in a WARNING
-//!   and shown by `outbox_worker_status()`. A worker that dies is started again after a pause
+//!   and shown by `outbox_worker_status()`. One that nothing announced (after a restart, or a
+//!   copy made by `CREATE DATABASE … TEMPLATE`) is first checked for the extension by a short
+//!   process of its own, outside the cap, one at a time. A worker that dies is started again after a pause
 //!   that grows while it keeps dying (no crash loop, no log spam); never while its predecessor
 //!   is still there.
 
@@ -62,6 +64,8 @@ struct Database {
 
 struct Running {
     slot: usize,
+    /// A check for the extension, not a delivery worker.
+    checking: bool,
     handle: DynamicBackgroundWorker,
     started: Instant,
 }
@@ -146,6 +150,10 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
         match registry::release_slot(running.slot) {
             ExitReason::NoExtension => database.has_extension = HasExtension::No,
             ExitReason::Stopped => database.next_start = Instant::now(),
+            ExitReason::HasExtension => {
+                database.has_extension = HasExtension::Yes;
+                database.next_start = Instant::now();
+            }
             ExitReason::Unknown => {
                 // It died (or could not connect): wait before the next one, longer each time.
                 if running.started.elapsed() >= HEALTHY_RUN {
@@ -160,7 +168,8 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
     // Who should have a worker.
     let connectable: BTreeSet<u32> = listed.iter().filter(|d| d.connectable).map(|d| d.oid).collect();
     let allowed = |database: &Database| wanted_names.as_ref().is_none_or(|names| names.iter().any(|n| n == &database.name));
-    let mut running = databases.values().filter(|d| d.worker.is_some()).count();
+    let mut running = databases.values().filter(|d| d.worker.as_ref().is_some_and(|w| !w.checking)).count();
+    let mut checking = databases.values().any(|d| d.worker.as_ref().is_some_and(|w| w.checking));
     let max_workers = settings::max_workers();
     let mut waiting = Vec::new();
     for (&oid, database) in databases.iter_mut() {
@@ -179,9 +188,17 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
             continue;
         }
         let reason = if running >= max_workers {
+            if database.has_extension == HasExtension::Unknown {
+                // Whether it waits at all (it may have no extension) takes a look inside.
+                if !checking {
+                    database.worker = start_worker(oid, &database.name, Purpose::Check);
+                    checking = database.worker.is_some();
+                }
+                continue;
+            }
             Some(WaitReason::MaxWorkers)
         } else {
-            match start_worker(oid, &database.name) {
+            match start_worker(oid, &database.name, Purpose::Deliver) {
                 Some(worker) => {
                     database.worker = Some(worker);
                     database.warned_waiting = false;
@@ -208,13 +225,25 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
     registry::set_waiting(&waiting);
 }
 
-fn start_worker(database_oid: u32, name: &str) -> Option<Running> {
-    let slot = registry::reserve_slot(database_oid)?;
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Deliver,
+    /// Only find out whether the database has the extension (see [`outbox_database_check_main`]).
+    Check,
+}
+
+fn start_worker(database_oid: u32, name: &str, purpose: Purpose) -> Option<Running> {
+    let checking = purpose == Purpose::Check;
+    let slot = registry::reserve_slot(database_oid, checking)?;
     let launcher_pid = crate::backend::process_id();
-    let loaded = BackgroundWorkerBuilder::new(&format!("outbox_ext delivery worker for {name}"))
-        .set_type("outbox_ext delivery worker")
+    let (title, kind, function) = match purpose {
+        Purpose::Deliver => (format!("outbox_ext delivery worker for {name}"), "outbox_ext delivery worker", "outbox_worker_main"),
+        Purpose::Check => (format!("outbox_ext check of {name}"), "outbox_ext database check", "outbox_database_check_main"),
+    };
+    let loaded = BackgroundWorkerBuilder::new(&title)
+        .set_type(kind)
         .set_library("outbox_ext")
-        .set_function("outbox_worker_main")
+        .set_function(function)
         .set_argument(Some(pg_sys::Datum::from(slot)))
         .set_extra(name)
         .enable_spi_access()
@@ -223,12 +252,32 @@ fn start_worker(database_oid: u32, name: &str) -> Option<Running> {
         .set_notify_pid(launcher_pid)
         .load_dynamic();
     match loaded {
-        Ok(handle) => Some(Running { slot, handle, started: Instant::now() }),
+        Ok(handle) => Some(Running { slot, checking, handle, started: Instant::now() }),
         Err(_) => {
             registry::release_slot(slot);
             None
         }
     }
+}
+
+/// The entry point of a check: a short-lived background worker that connects to a database the
+/// launcher knows nothing of while every delivery worker is taken, and reports whether it has
+/// outbox_ext (its argument is its registry slot, its extra data the database's name).
+#[pgrx::pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn outbox_database_check_main(argument: pg_sys::Datum) {
+    let slot = argument.value();
+    let database = BackgroundWorker::get_extra().to_owned();
+    registry::attach(slot);
+    super::session::connect(&database);
+    let reason = match super::session::transaction(super::session::extension_schema) {
+        Ok(Some(_)) => ExitReason::HasExtension,
+        Ok(None) => ExitReason::NoExtension,
+        Err(_) => ExitReason::Unknown, // looked at again after a pause, as a worker that died
+    };
+    registry::update(slot, |s| s.exit_reason = reason);
+    // SAFETY: ends the process the normal way.
+    unsafe { pg_sys::proc_exit(0) };
 }
 
 /// The databases (oid, name, whether one may connect and it is not a template) and whether the

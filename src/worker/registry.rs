@@ -59,6 +59,8 @@ pub enum ExitReason {
     NoExtension,
     /// Asked to stop (SIGTERM, the launcher, a paused database).
     Stopped,
+    /// A check (not a delivery worker) found outbox_ext in the database.
+    HasExtension,
 }
 
 /// Why a database has no worker although it should.
@@ -90,6 +92,9 @@ pub struct Slot {
     pub leave_now: bool,
     /// Set by the worker as it exits; read (and reset) by the launcher.
     pub exit_reason: ExitReason,
+    /// Not a delivery worker: the launcher's short check for outbox_ext in the database, made
+    /// while every worker is taken (outside outbox.max_workers; not shown by the status).
+    pub checking: bool,
     /// The topics the worker delivers: a producer's commit of other topics does not wake it.
     topics: TopicFilter,
     /// Set with the latch by an operator's function (a subscription changed, a redelivery):
@@ -195,11 +200,11 @@ pub fn set_waiting(databases: &[(u32, WaitReason)]) {
     registry.waiting_count = count;
 }
 
-/// Claims a free slot for a new worker of `database_oid`; `None` when all are taken.
-pub fn reserve_slot(database_oid: u32) -> Option<usize> {
+/// Claims a free slot for a new worker (or a check) of `database_oid`; `None` when all are taken.
+pub fn reserve_slot(database_oid: u32, checking: bool) -> Option<usize> {
     let mut registry = REGISTRY.exclusive();
     let free = registry.slots.iter().position(|s| s.database_oid == 0)?;
-    registry.slots[free] = Slot { database_oid, ..Slot::default() };
+    registry.slots[free] = Slot { database_oid, checking, ..Slot::default() };
     Some(free)
 }
 
@@ -431,7 +436,7 @@ pub fn status() -> Vec<StatusRow> {
     }
     let registry = REGISTRY.share();
     let nonzero = |t: pg_sys::TimestampTz| (t != 0).then_some(t);
-    let running = registry.slots.iter().filter(|s| s.pid != 0).map(|s| StatusRow {
+    let running = registry.slots.iter().filter(|s| s.pid != 0 && !s.checking).map(|s| StatusRow {
         database_oid: s.database_oid,
         pid: Some(s.pid),
         state: s.state.label().to_string(),

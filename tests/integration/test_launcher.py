@@ -134,6 +134,43 @@ def test_more_databases_than_max_workers_are_named_and_wait(cluster, receiver):
         cluster.configure(**{"outbox.max_workers": "8"})
 
 
+def test_a_database_beyond_max_workers_is_named_after_a_restart_and_when_copied_from_a_template(cluster, receiver):
+    """The launcher learns that a database has the extension from CREATE EXTENSION, or by
+    starting a worker there. After a restart, or for a copy of a database (CREATE DATABASE …
+    TEMPLATE), nothing was announced: with every worker taken, it must still find out, and say
+    that the database waits."""
+    for name in list(cluster.worker_pids()):
+        with cluster.connect() as admin:
+            admin.execute(f'DROP DATABASE "{name}"')
+    cluster.configure(**{"outbox.max_workers": "2"})
+    try:
+        for name in ("first", "second"):
+            cluster.create_database(name)
+        eventually(lambda: len(cluster.worker_pids()) == 2, what="two workers")
+
+        def named_as_waiting(database, offset):
+            warned = f'database "{database}" has no delivery worker: outbox.max_workers (2) workers are running' in log_since(cluster, offset)
+            with cluster.connect("second") as conn:
+                rows = conn.execute("SELECT database, pid, state FROM outbox_worker_status()").fetchall()
+            return warned and (database, None, "waiting: outbox.max_workers workers are running") in rows
+
+        offset = cluster.server_log.stat().st_size
+        with cluster.connect() as admin:
+            admin.execute("CREATE DATABASE copy TEMPLATE first")
+        eventually(lambda: named_as_waiting("copy", offset), timeout=15, what="the copy named as waiting")
+
+        offset = cluster.server_log.stat().st_size
+        cluster.pg_ctl("restart", "-m", "fast")
+        eventually(lambda: len(cluster.worker_pids()) == 2, timeout=30, what="two workers after the restart")
+        waiting = ({"first", "second", "copy"} - set(cluster.worker_pids())).pop()
+        eventually(lambda: named_as_waiting(waiting, offset), timeout=15, what=f"{waiting} named as waiting after the restart")
+        assert len(cluster.worker_pids()) == 2, "never more than outbox.max_workers deliver"
+    finally:
+        cluster.configure(**{"outbox.max_workers": "8"})
+    with cluster.connect() as admin:
+        admin.execute("DROP DATABASE copy WITH (FORCE)")
+
+
 def test_worker_databases_limits_them_and_a_missing_one_waits_quietly(cluster, receiver):
     offset = cluster.server_log.stat().st_size
     cluster.create_database("listed")
