@@ -3,12 +3,12 @@
 //! fail because of, the database's delivery worker; `DROP EXTENSION outbox_ext` would meet the
 //! worker's locks in the other order (a deadlock, which PostgreSQL breaks by failing one). A
 //! utility hook, in every backend of a server that preloads the library, asks that worker to
-//! leave first, keeps a new one away while the statement runs, and lets it back afterwards (if
-//! the database, or the extension, is still there).
+//! leave first, keeps a new one away until the statement's transaction ends, and lets it back
+//! then (if the database, or the extension, is still there).
 
 use super::registry;
 use pgrx::pg_sys;
-use pgrx::PgList;
+use pgrx::{register_xact_callback, PgList, PgXactCallbackEvent};
 use std::ffi::CStr;
 
 static mut PREVIOUS: pg_sys::ProcessUtility_hook_type = None;
@@ -105,25 +105,27 @@ unsafe extern "C-unwind" fn process_utility(
     // SAFETY: the arguments are PostgreSQL's, passed on unchanged.
     unsafe {
         let paused = databases_to_pause((*statement).utilityStmt);
+        if !paused.is_empty() {
+            // Let the worker back when the transaction ends, not when the statement does: the
+            // launcher, woken at once, would still see the database under its old name (or at
+            // all, after a DROP) and start a worker that fails to connect.
+            for event in [PgXactCallbackEvent::Commit, PgXactCallbackEvent::Abort] {
+                let paused = paused.clone();
+                register_xact_callback(event, move || {
+                    for &oid in &paused {
+                        registry::resume(oid.to_u32());
+                    }
+                });
+            }
+        }
         for &oid in &paused {
             registry::pause(oid.to_u32(), PAUSE_SECONDS);
         }
-        let run = || match PREVIOUS {
+        match PREVIOUS {
             Some(previous) => previous(statement, query, read_only_tree, context, params, environment, destination, completion),
             None => {
                 pg_sys::standard_ProcessUtility(statement, query, read_only_tree, context, params, environment, destination, completion)
             }
-        };
-        if paused.is_empty() {
-            run();
-        } else {
-            pgrx::PgTryBuilder::new(run)
-                .finally(|| {
-                    for &oid in &paused {
-                        registry::resume(oid.to_u32());
-                    }
-                })
-                .execute();
         }
     }
 }

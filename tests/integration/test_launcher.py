@@ -70,6 +70,25 @@ def test_drop_database_is_not_held_up_by_its_worker(cluster):
     assert "temporary" not in cluster.worker_pids()
 
 
+def test_a_dropped_or_renamed_database_gets_no_worker_under_its_old_name(cluster):
+    """The worker is kept away while DROP DATABASE or RENAME runs. It was let back before the
+    statement committed: the launcher, woken, still saw the old name and started a worker there,
+    which failed with FATAL:  database "…" does not exist."""
+    for attempt in range(3):
+        cluster.create_database("short_lived")
+        eventually(lambda: "short_lived" in cluster.worker_pids(), what="its worker")
+        offset = cluster.server_log.stat().st_size
+        with cluster.connect() as admin:
+            admin.execute("DROP DATABASE IF EXISTS renamed_away")
+            admin.execute("ALTER DATABASE short_lived RENAME TO renamed_away")
+        eventually(lambda: "renamed_away" in cluster.worker_pids(), timeout=10, what="the worker under the new name")
+        with cluster.connect() as admin:
+            admin.execute("DROP DATABASE renamed_away")
+        time.sleep(2)
+        written = log_since(cluster, offset)
+        assert "FATAL" not in written, f"attempt {attempt + 1}: {written}"
+
+
 def test_a_database_with_a_worker_can_be_renamed_and_used_as_a_template(cluster, receiver):
     cluster.create_database("original")
     eventually(lambda: "original" in cluster.worker_pids(), what="its worker")
