@@ -43,6 +43,38 @@ $keep_grants$;
 -- ======== sql/schema.sql, what is new in 0.5.17 ========
 -- ======== new in 0.5.17 (scripts/make-upgrade-script.sh copies from here to the end) ========
 
+-- The PL/pgSQL and SQL functions name the extension's schema as it was called when they were
+-- created. Renamed, that name could be given to a new schema of its owner's (for public, the
+-- database owner), whose objects the functions would then use with the extension owner's
+-- rights. Refuse the rename, whoever asks: the functions would no longer find their objects.
+CREATE FUNCTION outbox_keep_schema_name() RETURNS event_trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    renamed_to name;
+BEGIN
+    SELECT n.nspname INTO renamed_to
+      FROM pg_catalog.pg_event_trigger_ddl_commands() c
+      JOIN pg_catalog.pg_extension e ON e.extnamespace OPERATOR(pg_catalog.=) c.objid
+      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+     WHERE e.extname OPERATOR(pg_catalog.=) 'outbox_ext'
+       AND c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
+       AND pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.<>) '@extschema@';
+    IF FOUND THEN
+        RAISE EXCEPTION 'outbox_ext: schema % holds the extension and cannot be renamed (to %)',
+                        '@extschema@', pg_catalog.quote_ident(renamed_to)
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = 'The extension''s functions name the schema as it was called when they were created; under another name, a new schema given the old one would be used in its place.',
+                  HINT = 'To move the extension, dump its data, DROP EXTENSION outbox_ext, and CREATE EXTENSION outbox_ext SCHEMA the_new_one.';
+    END IF;
+END
+$$;
+
+CREATE EVENT TRIGGER outbox_keep_schema_name ON ddl_command_end
+    WHEN TAG IN ('ALTER SCHEMA')
+    EXECUTE FUNCTION outbox_keep_schema_name();
+
 -- ======== sql/helpers.sql ========
 -- Checks written in Rust (src/topic.rs, src/subscriptions.rs) that the schema and the SQL
 -- functions use. C functions, so that they read text in any database encoding. Not for
@@ -1423,6 +1455,58 @@ AS 'MODULE_PATHNAME', 'outbox_worker_status_wrapper';
 -- The roles are created if missing (NOLOGIN; grant them to your application's roles). The API
 -- runs with the extension owner's rights, so the roles need no rights on the table itself.
 -- Like every statement run with the owner's rights, these name what they use in full.
+--
+-- A role that exists already was made by an earlier install, or by someone else: a role with
+-- CREATEROLE, not a superuser, may have made it first, with a password it knows or with itself
+-- as the role's admin (PostgreSQL 16 and later make a role's creator so), to be given the
+-- extension's rights (the subscriptions' secrets) once a superuser creates the extension.
+-- Refuse what the extension never makes: a password, an admin who is not a superuser, a
+-- member of the worker's role.
+DO $$
+DECLARE
+    existing record;
+    holder name;
+BEGIN
+    FOR existing IN
+        SELECT a.oid, a.rolname, a.rolpassword IS NOT NULL AS has_password
+          FROM pg_catalog.pg_authid a
+         WHERE a.rolname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_producer', 'outbox_consumer', 'outbox_admin', 'outbox_worker']::name[])
+    LOOP
+        IF existing.has_password THEN
+            RAISE EXCEPTION 'outbox_ext: role % already exists, with a password', existing.rolname
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'outbox_ext makes its roles without one. A role with CREATEROLE may have made it first, to be given the extension''s rights.',
+                      HINT = pg_catalog.format('If you gave it the password, ALTER ROLE %I PASSWORD NULL; if not, DROP ROLE %I. Then try again.', existing.rolname, existing.rolname);
+        END IF;
+        SELECT m.rolname INTO holder
+          FROM pg_catalog.pg_auth_members g
+          JOIN pg_catalog.pg_authid m ON m.oid OPERATOR(pg_catalog.=) g.member
+         WHERE g.roleid OPERATOR(pg_catalog.=) existing.oid AND g.admin_option AND NOT m.rolsuper
+         ORDER BY m.rolname
+         LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'outbox_ext: role % already exists, and role % (not a superuser) may grant it', existing.rolname, holder
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'Whoever may grant one of the extension''s roles may take its rights. PostgreSQL 16 and later make a role''s creator its admin: a role with CREATEROLE may have made it first.',
+                      HINT = pg_catalog.format('If you made %I its admin, REVOKE ADMIN OPTION FOR %I FROM %I; if not, DROP ROLE %I. Then try again.', holder, existing.rolname, holder, existing.rolname);
+        END IF;
+        IF existing.rolname OPERATOR(pg_catalog.=) 'outbox_worker' THEN
+            SELECT m.rolname INTO holder
+              FROM pg_catalog.pg_auth_members g
+              JOIN pg_catalog.pg_authid m ON m.oid OPERATOR(pg_catalog.=) g.member
+             WHERE g.roleid OPERATOR(pg_catalog.=) existing.oid
+             ORDER BY m.rolname
+             LIMIT 1;
+            IF FOUND THEN
+                RAISE EXCEPTION 'outbox_ext: role outbox_worker already exists, with a member (%)', holder
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          DETAIL = 'Only the delivery worker acts as outbox_worker: it reads every subscription''s secret.',
+                          HINT = pg_catalog.format('REVOKE outbox_worker FROM %I, or DROP ROLE outbox_worker. Then try again.', holder);
+            END IF;
+        END IF;
+    END LOOP;
+END
+$$;
 DO $$
 DECLARE
     role_name text;

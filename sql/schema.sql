@@ -399,3 +399,35 @@ $$;
 -- ======== new in 0.5.16 ========
 
 -- ======== new in 0.5.17 (scripts/make-upgrade-script.sh copies from here to the end) ========
+
+-- The PL/pgSQL and SQL functions name the extension's schema as it was called when they were
+-- created. Renamed, that name could be given to a new schema of its owner's (for public, the
+-- database owner), whose objects the functions would then use with the extension owner's
+-- rights. Refuse the rename, whoever asks: the functions would no longer find their objects.
+CREATE FUNCTION outbox_keep_schema_name() RETURNS event_trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    renamed_to name;
+BEGIN
+    SELECT n.nspname INTO renamed_to
+      FROM pg_catalog.pg_event_trigger_ddl_commands() c
+      JOIN pg_catalog.pg_extension e ON e.extnamespace OPERATOR(pg_catalog.=) c.objid
+      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+     WHERE e.extname OPERATOR(pg_catalog.=) 'outbox_ext'
+       AND c.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
+       AND pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.<>) '@extschema@';
+    IF FOUND THEN
+        RAISE EXCEPTION 'outbox_ext: schema % holds the extension and cannot be renamed (to %)',
+                        '@extschema@', pg_catalog.quote_ident(renamed_to)
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = 'The extension''s functions name the schema as it was called when they were created; under another name, a new schema given the old one would be used in its place.',
+                  HINT = 'To move the extension, dump its data, DROP EXTENSION outbox_ext, and CREATE EXTENSION outbox_ext SCHEMA the_new_one.';
+    END IF;
+END
+$$;
+
+CREATE EVENT TRIGGER outbox_keep_schema_name ON ddl_command_end
+    WHEN TAG IN ('ALTER SCHEMA')
+    EXECUTE FUNCTION outbox_keep_schema_name();

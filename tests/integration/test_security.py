@@ -7,6 +7,10 @@ import psycopg
 import pytest
 
 from conftest import connect, enqueue_many
+from support.cluster import ScratchCluster
+
+# A cluster of its own, where the extension's roles do not exist yet.
+ROLES_PORT = 25348
 
 ROLES = {
     "app_producer": "outbox_producer",
@@ -194,8 +198,9 @@ def test_the_owner_of_the_extensions_schema_cannot_run_sql_as_its_owner_by_renam
     named it inside a string literal (the release of an ordering key), so the schema's owner (the
     database owner, for public) could rename it to close the literal and call an operator of
     theirs as the extension's owner, a superuser, from any consumer's call (found by stop 39's
-    probe). Renamed to such a name, the extension's functions keep working, and run nothing of
-    the schema owner's."""
+    probe). Since 0.5.17 the schema cannot be renamed at all (the next test); a superuser who
+    turns that guard off and renames it still runs nothing of the schema owner's through the
+    C functions, which find the schema by its oid at run time."""
     db.execute("DROP ROLE IF EXISTS schema_owner")
     db.execute("CREATE ROLE schema_owner LOGIN")
     database = db.execute("SELECT current_database()").fetchone()[0]
@@ -212,6 +217,8 @@ def test_the_owner_of_the_extensions_schema_cannot_run_sql_as_its_owner_by_renam
             attacker.execute("""CREATE FUNCTION evil.trap(text, integer) RETURNS integer LANGUAGE sql AS
                                 $$ INSERT INTO evil.ran_as VALUES (current_user); SELECT 0 $$""")
             attacker.execute("CREATE OPERATOR evil.% (LEFTARG = text, RIGHTARG = integer, FUNCTION = evil.trap)")
+        db.execute("ALTER EVENT TRIGGER outbox_keep_schema_name DISABLE")
+        with connect(user="schema_owner", autocommit=True) as attacker:
             attacker.execute(f'ALTER SCHEMA public RENAME TO "{renamed}"')
         with connect(user="app_producer", autocommit=True) as producer:
             producer.execute(f'SET search_path = "{renamed}"')
@@ -226,8 +233,47 @@ def test_the_owner_of_the_extensions_schema_cannot_run_sql_as_its_owner_by_renam
     finally:
         if db.execute("SELECT to_regnamespace(%s)", (f'"{renamed}"',)).fetchone()[0]:
             db.execute(f'ALTER SCHEMA "{renamed}" RENAME TO public')
+        db.execute("ALTER EVENT TRIGGER outbox_keep_schema_name ENABLE")
         db.execute("ALTER SCHEMA public OWNER TO pg_database_owner")
         db.execute("DROP SCHEMA IF EXISTS evil CASCADE")
+        db.execute(f'REVOKE CONNECT, CREATE ON DATABASE "{database}" FROM schema_owner')
+        db.execute("DROP ROLE schema_owner")
+
+
+def test_the_database_owner_cannot_swap_the_extensions_schema_for_one_of_its_own(db, roles):
+    """The PL/pgSQL and SQL functions name the extension's schema as it was called when they were
+    created (public.outbox_subscription). Its owner (the database owner, for public) renamed it
+    and created a new public with a view of that name: outbox_topics(), granted to PUBLIC, then
+    ran the view's function as the extension's owner, a superuser, and so did the worker's
+    archive every second (found by stop 40's probe). The rename is refused."""
+    db.execute("DROP ROLE IF EXISTS schema_owner")
+    db.execute("CREATE ROLE schema_owner LOGIN")
+    database = db.execute("SELECT current_database()").fetchone()[0]
+    db.execute(f'GRANT CONNECT, CREATE ON DATABASE "{database}" TO schema_owner')
+    db.execute("ALTER SCHEMA public OWNER TO schema_owner")
+    try:
+        with connect(user="schema_owner", autocommit=True) as attacker:
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match="schema public holds the extension and cannot be renamed"):
+                attacker.execute("ALTER SCHEMA public RENAME TO public_old")
+            # (Had it worked: a public of the attacker's, whose outbox_subscription runs its code.)
+            attacker.execute("CREATE SCHEMA IF NOT EXISTS public_new")
+            attacker.execute("""CREATE FUNCTION public_new.trap() RETURNS text LANGUAGE sql AS
+                                $$ SELECT current_user::text $$""")
+            attacker.execute("CREATE VIEW public_new.outbox_subscription AS SELECT public_new.trap() AS topic")
+            # The schema owner may still change what it owns otherwise.
+            attacker.execute("ALTER SCHEMA public_new RENAME TO public_newer")
+            attacker.execute("COMMENT ON SCHEMA public IS 'the application''s'")
+        topics = db.execute("SELECT count(*) FROM outbox_topics()").fetchone()[0]
+        assert topics == 0, "outbox_topics() read the extension's own subscriptions"
+        assert db.execute("SELECT nspname FROM pg_namespace n JOIN pg_extension e ON e.extnamespace = n.oid "
+                          "WHERE extname = 'outbox_ext'").fetchone()[0] == "public"
+    finally:
+        if db.execute("SELECT to_regnamespace('public_old')").fetchone()[0]:
+            db.execute("DROP SCHEMA IF EXISTS public CASCADE")
+            db.execute("ALTER SCHEMA public_old RENAME TO public")
+        db.execute("DROP SCHEMA IF EXISTS public_newer CASCADE")
+        db.execute("COMMENT ON SCHEMA public IS 'standard public schema'")
+        db.execute("ALTER SCHEMA public OWNER TO pg_database_owner")
         db.execute(f'REVOKE CONNECT, CREATE ON DATABASE "{database}" FROM schema_owner')
         db.execute("DROP ROLE schema_owner")
 
@@ -286,3 +332,40 @@ def test_a_role_with_no_grants_cannot_wake_the_worker(db, roles):
             nobody.execute("SELECT outbox_wake_worker_at_commit()")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             nobody.execute("SELECT outbox_generate_secret()")
+
+
+def test_roles_made_in_advance_by_a_role_with_createrole_are_refused():
+    """The extension makes its roles when they do not exist. A role with CREATEROLE, not a
+    superuser, could make them first, with a password it knows or with itself as their admin
+    (PostgreSQL 16 and later make a role's creator so), and then act as outbox_admin and read
+    every subscription's secret once a superuser created the extension (found by stop 40's
+    probe, on 18). CREATE EXTENSION refuses such roles, and says how to make them safe."""
+    cluster = ScratchCluster(ROLES_PORT).start()
+    try:
+        with cluster.connect() as admin:
+            admin.execute("CREATE ROLE creator LOGIN CREATEROLE")
+        with psycopg.connect(host="127.0.0.1", port=ROLES_PORT, user="creator", dbname="postgres", autocommit=True) as creator:
+            creator.execute("CREATE ROLE outbox_admin LOGIN PASSWORD 'known to creator'")
+            creator.execute("CREATE ROLE outbox_worker LOGIN")
+        with cluster.connect() as admin:
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="role outbox_admin already exists, with a password"):
+                admin.execute("CREATE EXTENSION outbox_ext")
+            admin.execute("ALTER ROLE outbox_admin NOLOGIN PASSWORD NULL")
+            # Its admin may grant it to anyone, itself included (on 15 a superuser made it so).
+            admin.execute("GRANT outbox_admin TO creator WITH ADMIN OPTION")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                               match="role outbox_admin already exists, and role creator .not a superuser. may grant it"):
+                admin.execute("CREATE EXTENSION outbox_ext")
+            admin.execute("REVOKE outbox_admin FROM creator")
+            if admin.info.server_version >= 160000:  # creator made it: creator may grant it
+                with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="role outbox_worker already exists, and role creator"):
+                    admin.execute("CREATE EXTENSION outbox_ext")
+                admin.execute("REVOKE outbox_worker FROM creator")
+            admin.execute("GRANT outbox_worker TO creator")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match=r"role outbox_worker already exists, with a member \(creator\)"):
+                admin.execute("CREATE EXTENSION outbox_ext")
+            admin.execute("REVOKE outbox_worker FROM creator")
+            admin.execute("CREATE EXTENSION outbox_ext")
+            assert admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'").fetchone()
+    finally:
+        cluster.remove()
