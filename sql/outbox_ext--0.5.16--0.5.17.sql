@@ -711,7 +711,13 @@ CREATE OR REPLACE FUNCTION outbox_endpoint_stats() RETURNS TABLE (
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT s.id, s.topic::text, s.url, s.enabled,
+    SELECT s.id, s.topic::text,
+           -- Many URLs carry a credential in their path or query: only the roles that may read
+           -- the subscriptions see them whole; monitoring sees where the endpoint is.
+           CASE WHEN pg_catalog.pg_has_role(session_user, 'outbox_admin', 'USAGE') THEN s.url
+                ELSE pg_catalog.regexp_replace(s.url, '^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)[/?#].+$', '\1/…')
+           END,
+           s.enabled,
            COALESCE(p.pending, 0), COALESCE(p.ready, 0), COALESCE(p.in_flight, 0), COALESCE(p.retrying, 0),
            (SELECT count(*) FROM ONLY @extschema@.outbox_delivery d
              WHERE d.subscription_id = s.id AND d.status = 'DEAD'::@extschema@.outbox_status),

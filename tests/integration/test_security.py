@@ -85,6 +85,20 @@ def test_each_role_may_do_exactly_its_part(db, roles, statement, allowed):
                     conn.execute(statement)
 
 
+def test_monitoring_sees_where_an_endpoint_is_but_not_its_capability_url(db, roles):
+    """Many webhook URLs carry their credential in the path or the query (Slack's, Zapier's,
+    ?token=…). outbox_endpoint_stats() is granted to pg_monitor, which must not read what the
+    subscriptions table keeps for outbox_admin only (found by stop 40's probe: the whole URL)."""
+    db.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test:8443/services/T0/B0/s3cr3t?token=SUPERSECRET', enabled => false)")
+    db.execute("SELECT outbox_subscribe('booking.created', 'https://other.example.test', enabled => false)")
+    seen = {}
+    for role in ("app_monitor", "app_admin"):
+        with connect(user=role, autocommit=True) as conn:
+            seen[role] = [r[0] for r in conn.execute("SELECT url FROM outbox_endpoint_stats() ORDER BY subscription_id")]
+    assert seen["app_monitor"] == ["https://hooks.example.test:8443/…", "https://other.example.test"]
+    assert seen["app_admin"] == ["https://hooks.example.test:8443/services/T0/B0/s3cr3t?token=SUPERSECRET", "https://other.example.test"]
+
+
 def test_a_producer_cannot_read_what_it_did_not_write(db, roles):
     db.execute("SELECT outbox_enqueue('payment.captured', '{\"card\": \"4242\"}')")
     with connect(user="app_producer", autocommit=True) as producer:
