@@ -25,6 +25,7 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 static LOCK_HEAD: Statement = Statement::new(include_str!("lock_head.sql"), &[TEXTOID]);
 static LOCK_KEYS: Statement = Statement::new(include_str!("lock_keys.sql"), &[TEXTARRAYOID, INT4OID]);
 static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messages.sql"), &[TEXTARRAYOID]);
+static STEP_BACK_NEWER_HEADS: Statement = Statement::new(include_str!("step_back_newer_heads.sql"), &[TEXTARRAYOID]);
 static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
 
 /// Before a producer adds messages to ordering key `key` (a text datum) in this transaction:
@@ -81,10 +82,24 @@ fn key_lock_space(schema: pg_sys::Oid) -> i32 {
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
 /// to the worker: the next message of each key becomes claimable. Returns how many did.
 pub fn release_message_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>) -> i32 {
+    release_keys(spi, schema, keys, false)
+}
+
+/// After messages with the keys `keys` (a text[] datum) came back from the delivery worker,
+/// queued behind their keys: each key's oldest message becomes its head again, where a newer
+/// one had become it meanwhile and nobody holds it (step_back_newer_heads.sql).
+pub fn requeue_in_key_order(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>) -> i32 {
+    release_keys(spi, schema, keys, true)
+}
+
+fn release_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>, step_back_newer_heads: bool) -> i32 {
     if keys.is_none() {
         return 0;
     }
     spi.execute(&LOCK_KEYS, schema, &[keys, Some(pg_sys::Datum::from(key_lock_space(schema)))]);
+    if step_back_newer_heads {
+        spi.execute(&STEP_BACK_NEWER_HEADS, schema, &[keys]);
+    }
     spi.execute_seeing_latest_commits(&RELEASE_MESSAGES, schema, &[keys]).get::<i32>(0, 1).unwrap_or(0)
 }
 

@@ -235,7 +235,7 @@ pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid) {
         let unhanded = spi.execute(&UNHAND, schema, &[without.into_datum()]);
         let keys: Vec<String> = (0..unhanded.len()).filter_map(|row| unhanded.get_text(row, 1)).collect();
         if !keys.is_empty() {
-            ordering::release_message_keys(spi, schema, keys.into_datum());
+            ordering::requeue_in_key_order(spi, schema, keys.into_datum());
         }
     }
     settle_messages(spi, schema, with_deliveries);

@@ -11,8 +11,9 @@ import pytest
 from conftest import connect
 from support import ServerLog, disabled_endpoint, eventually, worker_pid
 
-def enqueue(conn, topic, payload):
-    return conn.execute("SELECT id, public_id::text FROM outbox_enqueue(%s, %s::jsonb)", (topic, json.dumps(payload))).fetchone()
+def enqueue(conn, topic, payload, ordering_key=None):
+    return conn.execute("SELECT id, public_id::text FROM outbox_enqueue(%s, %s::jsonb, ordering_key => %s)",
+                        (topic, json.dumps(payload), ordering_key)).fetchone()
 
 
 def test_a_failing_endpoint_never_makes_a_healthy_one_receive_twice(fast_worker, receivers):
@@ -150,6 +151,32 @@ def test_unsubscribing_an_endpoint_that_has_not_taken_a_message_lets_the_message
     eventually(lambda: db.execute("SELECT waiting_for IS NULL FROM outbox WHERE id = %s", (second,)).fetchone()[0],
                what="the message without endpoints to be free again")
     assert [row[0] for row in db.execute("SELECT id FROM outbox_claim(10)")] == [second]
+    assert parked.requests == []
+
+
+def test_messages_an_unsubscribed_endpoint_leaves_come_before_newer_ones_of_their_key(fast_worker, receivers):
+    """Handing messages to the worker lets the next message of their key become the head. Left
+    without any delivery by an unsubscribe, they went back behind their key, now led by a newer
+    message: a consumer claimed s=3 before s=1 and s=2 (found by stop 40's probe). The newer
+    head, which nobody holds, steps back behind them."""
+    db = fast_worker
+    parked = receivers()
+    db.execute("SELECT outbox_subscribe('m.t', %s, enabled => false)", (parked.url,))
+    first, _ = enqueue(db, "m.t", {"s": 1}, ordering_key="MK")
+    second, _ = enqueue(db, "m.t", {"s": 2}, ordering_key="MK")
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE waiting_for = 'deliveries'").fetchone()[0] == 2,
+               what="both messages handed to the worker")
+    with db.transaction():
+        db.execute("SELECT outbox_unsubscribe('m.t')")
+        third, _ = enqueue(db, "m.t", {"s": 3}, ordering_key="MK")
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE waiting_for = 'deliveries'").fetchone()[0] == 0,
+               what="the messages back from the worker")
+    claimed = []
+    for _ in range(3):
+        [(id, payload)] = db.execute("SELECT id, payload FROM outbox_claim(10, ARRAY['m.t'], lease => NULL)").fetchall()
+        claimed.append(payload["s"])
+        db.execute("SELECT outbox_complete(%s::bigint)", (id,))
+    assert claimed == [1, 2, 3]
     assert parked.requests == []
 
 
