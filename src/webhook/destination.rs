@@ -113,9 +113,13 @@ fn refused_v6(address: Ipv6Addr) -> bool {
         || address.is_multicast()
         || first & 0xfe00 == 0xfc00   // fc00::/7, unique local (the private ranges of IPv6)
         || first & 0xffc0 == 0xfe80   // fe80::/10, link-local
+        // Local-use NAT64 (64:ff9b:1::/48): translated to whatever the site's NAT64 maps it to.
+        || address.segments()[..3] == [0x64, 0xff9b, 1]
         // NAT64 (64:ff9b::/96) and IPv4-compatible addresses carry an IPv4 address: judge that one.
         || (address.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || address.segments()[..6] == [0; 6])
             && refused_v4(Ipv4Addr::from((u128::from(address) as u32).to_be_bytes()))
+        // 6to4 (2002::/16) carries one in its bits 16 to 47.
+        || first == 0x2002 && refused_v4(Ipv4Addr::from(((u128::from(address) >> 80) as u32).to_be_bytes()))
 }
 
 #[cfg(test)]
@@ -132,7 +136,8 @@ mod tests {
 
     #[test]
     fn public_addresses_are_allowed() {
-        for address in ["93.184.216.34", "8.8.8.8", "2606:2800:220:1:248:1893:25c8:1946", "172.32.0.1", "100.128.0.1"] {
+        for address in ["93.184.216.34", "8.8.8.8", "2606:2800:220:1:248:1893:25c8:1946", "172.32.0.1", "100.128.0.1", "2002:5db8:d822::1"]
+        {
             assert_eq!(verdict(address, ""), Ok(()), "{address}");
         }
     }
@@ -161,6 +166,9 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
             "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a00:1",
+            "2002:7f00:1::1",
+            "2002:a9fe:a9fe::",
             "::7f00:1",
         ] {
             assert!(verdict(address, "").is_err(), "{address}");
