@@ -103,6 +103,10 @@ pub struct EndpointState {
     pub head: QueueHead,
 }
 
+/// The longest wait for a rate limit's next token (a tiny limit's is longer than a Duration
+/// holds); the worker looks again then.
+pub const MAX_WAIT_FOR_A_TOKEN: Duration = Duration::from_secs(3600);
+
 /// A rate limit: `per_second` tokens a second, at most a tenth of a second's worth (and at
 /// least one) saved up; a request takes one.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -142,7 +146,8 @@ impl TokenBucket {
 
     /// How long until a token is available.
     pub fn wait_for_one(&self, now: Instant) -> Duration {
-        Duration::from_secs_f64(((1.0 - self.level(now)) / self.per_second).max(0.0))
+        let seconds = ((1.0 - self.level(now)) / self.per_second).max(0.0);
+        Duration::try_from_secs_f64(seconds).map_or(MAX_WAIT_FOR_A_TOKEN, |wait| wait.min(MAX_WAIT_FOR_A_TOKEN))
     }
 
     /// The same bucket under a (possibly) changed limit.
@@ -613,6 +618,18 @@ mod unit_tests {
         let mut all = endpoints(&[(1, 0, true)]);
         all.by_id.get_mut(&1).unwrap().max_in_flight = Some(2);
         assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 2)]);
+    }
+
+    #[test]
+    fn a_rate_limit_too_small_to_wait_for_waits_an_hour_at_most() {
+        // 1e-20 a second: a token every 3e12 years, more than a Duration holds (the worker
+        // panicked in a loop, found by stop 40's probe).
+        let start = Instant::now();
+        let mut all = endpoints(&[(1, 0, true)]);
+        all.by_id.get_mut(&1).unwrap().rate = Some(TokenBucket::new(1e-20, start));
+        assert_eq!(all.free_slots_at(8, 0, start), vec![(1, 1)]);
+        assert_eq!(all.free_slots_at(8, 0, start), vec![]);
+        assert_eq!(all.wait_for_due_work(8, start), Some(MAX_WAIT_FOR_A_TOKEN));
     }
 
     #[test]
