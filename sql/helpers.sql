@@ -15,6 +15,12 @@ CREATE OR REPLACE FUNCTION outbox_check_topic("function" text, argument text, to
 LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_check_topic_wrapper';
 
+-- Raises the error a SQL-language function owes its caller for an interval argument beyond what
+-- the clock may be moved by (src/interval.rs: finite, at most 10,000 years).
+CREATE OR REPLACE FUNCTION outbox_check_interval("function" text, argument text, value interval) RETURNS void
+LANGUAGE c IMMUTABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_check_interval_wrapper';
+
 -- Raises the error outbox_subscribe owes its caller for a bad url, secret or headers.
 CREATE OR REPLACE FUNCTION outbox_check_subscription(url text, secret text, headers jsonb) RETURNS void
 LANGUAGE c IMMUTABLE PARALLEL SAFE

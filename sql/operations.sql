@@ -734,6 +734,7 @@ BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'outbox_purge: older_than must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM @extschema@.outbox_check_interval('outbox_purge'::text, 'older_than'::text, older_than::interval);
     -- Judged by where it takes the clock, not by comparing intervals (which count a month as 30
     -- days: '-1 year +361 days' compares as positive but moves the cut-off days ahead).
     called_at := clock_timestamp();

@@ -93,6 +93,12 @@ CREATE OR REPLACE FUNCTION outbox_check_topic("function" text, argument text, to
 LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_check_topic_wrapper';
 
+-- Raises the error a SQL-language function owes its caller for an interval argument beyond what
+-- the clock may be moved by (src/interval.rs: finite, at most 10,000 years).
+CREATE OR REPLACE FUNCTION outbox_check_interval("function" text, argument text, value interval) RETURNS void
+LANGUAGE c IMMUTABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_check_interval_wrapper';
+
 -- Raises the error outbox_subscribe owes its caller for a bad url, secret or headers.
 CREATE OR REPLACE FUNCTION outbox_check_subscription(url text, secret text, headers jsonb) RETURNS void
 LANGUAGE c IMMUTABLE PARALLEL SAFE
@@ -416,6 +422,7 @@ BEGIN
         RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be NULL (''0'' ends the old secret at once)'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM @extschema@.outbox_check_interval('outbox_rotate_secret'::text, 'overlap'::text, outbox_rotate_secret.overlap::interval);
     IF outbox_rotate_secret.overlap < interval '0' THEN
         RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be negative, got %', outbox_rotate_secret.overlap
             USING ERRCODE = 'invalid_parameter_value';
@@ -1205,6 +1212,7 @@ BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'outbox_purge: older_than must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM @extschema@.outbox_check_interval('outbox_purge'::text, 'older_than'::text, older_than::interval);
     -- Judged by where it takes the clock, not by comparing intervals (which count a month as 30
     -- days: '-1 year +361 days' compares as positive but moves the cut-off days ahead).
     called_at := clock_timestamp();
@@ -1477,6 +1485,7 @@ BEGIN
         SELECT a.oid, a.rolname, a.rolpassword IS NOT NULL AS has_password
           FROM pg_catalog.pg_authid a
          WHERE a.rolname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_producer', 'outbox_consumer', 'outbox_admin', 'outbox_worker']::name[])
+         ORDER BY a.rolname
     LOOP
         IF existing.has_password THEN
             RAISE EXCEPTION 'outbox_ext: role % already exists, with a password', existing.rolname

@@ -27,6 +27,7 @@ BEGIN
         SELECT a.oid, a.rolname, a.rolpassword IS NOT NULL AS has_password
           FROM pg_catalog.pg_authid a
          WHERE a.rolname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_producer', 'outbox_consumer', 'outbox_admin', 'outbox_worker']::name[])
+         ORDER BY a.rolname
     LOOP
         IF existing.has_password THEN
             RAISE EXCEPTION 'outbox_ext: role % already exists, with a password', existing.rolname

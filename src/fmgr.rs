@@ -51,6 +51,21 @@ impl Args {
         self.fcinfo
     }
 
+    /// Whether the function was called by the name `name` (for C code that serves two SQL
+    /// functions, one of them a deprecated name, and names the one called in its errors).
+    pub fn called_as(&self, name: &str) -> bool {
+        // SAFETY: flinfo is set for every call through fmgr; get_func_name returns a palloc'd
+        // name, or NULL for an oid that is not a function.
+        unsafe {
+            let flinfo = (*self.fcinfo).flinfo;
+            if flinfo.is_null() {
+                return false;
+            }
+            let called = pg_sys::get_func_name((*flinfo).fn_oid);
+            !called.is_null() && std::ffi::CStr::from_ptr(called).to_bytes() == name.as_bytes()
+        }
+    }
+
     /// Argument `n` as a raw datum, `None` when NULL.
     pub fn datum(&self, n: usize) -> Option<pg_sys::Datum> {
         // SAFETY: `n` is within the function's declared arguments (callers pass constants that

@@ -1,10 +1,44 @@
-//! Intervals as arguments: judged by where they take the clock, turned into durations (a month
-//! as 30 days, as PostgreSQL compares intervals), and shown as PostgreSQL shows them (in error
-//! messages).
+//! Intervals as arguments: bounded in how far they may move the clock, judged by where they take
+//! it, turned into durations (a month as 30 days, as PostgreSQL compares intervals), and shown
+//! as PostgreSQL shows them (in error messages).
 
+use crate::error::{or_raise, Name, OutboxError};
+use crate::fmgr::sql_function;
 use pgrx::datum::Interval;
 use std::cmp::Ordering;
 use std::time::Duration;
+
+/// The farthest an interval argument may move the clock, either way: 10,000 years of 31-day
+/// months. Far enough for any delay, lease, retry or retention, and well inside what a timestamp
+/// holds (294,276 AD), so that the clock moved by it never overflows. An infinite interval
+/// (PostgreSQL 17 and later) reaches beyond it.
+pub const MAX_YEARS: i128 = 10_000;
+const DAY_MICROS: i128 = 86_400_000_000;
+
+/// An interval argument the clock is moved by (a delay, a lease, a retry, a retention, an
+/// overlap): refused when it reaches beyond [`MAX_YEARS`], before anything adds it to the clock.
+pub fn validate_reach(function: impl Into<Name>, argument: impl Into<Name>, value: &Interval) -> Result<(), OutboxError> {
+    if within_reach(value.months(), value.days(), value.micros()) {
+        Ok(())
+    } else {
+        Err(OutboxError::invalid(function, argument, format!("must be finite and at most {MAX_YEARS} years, got {}", shown(value))))
+    }
+}
+
+// outbox_check_interval(function text, argument text, value interval) RETURNS void: raises the
+// error the SQL-language functions owe their callers for an interval beyond reach (NULL passes:
+// each function says what NULL means for it).
+sql_function!(outbox_check_interval_wrapper, pg_finfo_outbox_check_interval_wrapper, |args| {
+    if let Some(value) = args.interval(2) {
+        or_raise(validate_reach(args.text(0).unwrap_or_default(), args.text(1).unwrap_or_default(), &value));
+    }
+    pgrx::pg_sys::Datum::from(0)
+});
+
+fn within_reach(months: i32, days: i32, micros: i64) -> bool {
+    let reach = i128::from(months).abs() * 31 * DAY_MICROS + i128::from(days).abs() * DAY_MICROS + i128::from(micros).abs();
+    reach <= MAX_YEARS * 12 * 31 * DAY_MICROS
+}
 
 /// Microseconds in an interval of these parts, a month counting 30 days (as
 /// `interval < interval '0'` does).
@@ -49,6 +83,18 @@ pub fn shown(value: &Interval) -> String {
 mod unit_tests {
     use super::*;
     use std::cmp::Ordering::*;
+
+    #[test]
+    fn reaches_ten_thousand_years_at_most() {
+        assert!(within_reach(10_000 * 12, 0, 0));
+        assert!(within_reach(-10_000 * 12, 0, 0));
+        assert!(within_reach(0, 3_000_000, 0));
+        assert!(!within_reach(1_000_000 * 12, 0, 0));
+        assert!(!within_reach(0, 0, i64::MAX));
+        // PostgreSQL 17's infinities: every field at its end.
+        assert!(!within_reach(i32::MAX, i32::MAX, i64::MAX));
+        assert!(!within_reach(i32::MIN, i32::MIN, i64::MIN));
+    }
 
     #[test]
     fn compares_with_zero_like_postgres() {

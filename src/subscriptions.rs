@@ -58,6 +58,10 @@ pub fn check_url(url: &str) -> Result<(), Problem> {
     let (host, port) = match authority.strip_prefix('[') {
         Some(v6) => {
             let (host, after) = v6.split_once(']').unwrap_or((v6, ""));
+            // Brackets hold an IPv6 address (RFC 3986's IP-literal), nothing else.
+            if host.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(format!("has [{host}] where an IPv6 address belongs").into());
+            }
             (host, after.strip_prefix(':'))
         }
         None => match authority.split_once(':') {
@@ -118,8 +122,19 @@ pub fn check_headers(headers: &serde_json::Value) -> Result<(), Problem> {
 /// subscription's extra headers may be (else an ERROR).
 pub fn check_headers_argument(function: &'static str, args: &Args, n: usize) {
     if let Some(headers) = args.jsonb_text(n) {
-        let headers: serde_json::Value = serde_json::from_str(&headers).unwrap_or_default();
-        or_raise(check_headers(&headers).map_err(|why| OutboxError::invalid(function, "headers", why)));
+        or_raise(check_headers_text(&headers).map_err(|why| OutboxError::invalid(function, "headers", why)));
+    }
+}
+
+/// [`check_headers`] of jsonb's text. What serde cannot read (a number beyond a double, nesting
+/// deeper than 128) is no object of string values either: say so, with why it was not read.
+fn check_headers_text(headers: &str) -> Result<(), Problem> {
+    match serde_json::from_str::<serde_json::Value>(headers) {
+        Ok(headers) => check_headers(&headers),
+        Err(unread) => {
+            Err(format!("must be a JSON object of header names to string values (this one holds a value that cannot be read: {unread})")
+                .into())
+        }
     }
 }
 
@@ -190,6 +205,7 @@ mod unit_tests {
             "http://127.0.0.1:8080/hooks",
             "https://hooks.example.com/outbox?team=7",
             "http://[::1]:9000/",
+            "https://[2001:db8::1]/hooks",
             "https://example.com",
             "http://example.com:65535/",
         ] {
@@ -212,6 +228,8 @@ mod unit_tests {
             "http://127.0.0.1:99999/",
             "http://127.0.0.1:0/",
             "http://[::1]:70000/",
+            "http://[zz]:80/",
+            "http://[127.0.0.1]/",
             "http://example.com:http/",
             "http://bücher.example/",
             "",
@@ -219,6 +237,13 @@ mod unit_tests {
             assert!(check_url(url).is_err(), "{url}");
         }
         assert!(check_url(&format!("https://example.com/{}", "a".repeat(3000))).is_err());
+    }
+
+    #[test]
+    fn says_why_headers_it_cannot_read_are_refused() {
+        let why = check_headers_text(r#"{"x": "1", "y": 1e400}"#).unwrap_err().to_string();
+        assert!(why.contains("cannot be read: number out of range"), "{why}");
+        assert_eq!(check_headers_text(r#"{"X-Team": "7"}"#), Ok(()));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 pub mod head;
 
-use crate::error::{raise, OutboxError};
+use crate::error::{or_raise, raise, OutboxError};
 use crate::fmgr::{require_one_dimension, required, sql_function, SetResult};
 use crate::spi::{schema_of_function, Rows, Spi, Statement};
 use crate::{interval, ordering, settings, topic};
@@ -62,6 +62,9 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
             .collect()
     });
     let lease = args.interval(2);
+    if let Some(lease) = &lease {
+        or_raise(interval::validate_reach(FUNCTION, "lease", lease));
+    }
     if lease.as_ref().is_some_and(|lease| interval::moves_clock(lease) != Ordering::Greater) {
         let shown = interval::shown(lease.as_ref().expect("not NULL"));
         raise(OutboxError::invalid(FUNCTION, "lease", format!("must be positive, got {shown}")));

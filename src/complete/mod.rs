@@ -67,16 +67,16 @@ sql_function!(outbox_complete_c, pg_finfo_outbox_complete_c, |args| {
 // outbox_complete_batch(ids bigint[], lease_tokens uuid[]) RETURNS integer, and the deprecated
 // outbox_complete(ids bigint[], lease_tokens uuid[]).
 sql_function!(outbox_complete_batch_c, pg_finfo_outbox_complete_batch_c, |args| {
-    const FUNCTION: &str = "outbox_complete_batch";
-    let ids = required(args.get::<Array<i64>>(0), FUNCTION, "ids");
-    args.check_one_dimension(0, FUNCTION, "ids");
-    args.check_one_dimension(1, FUNCTION, "lease_tokens");
+    let function = if args.called_as("outbox_complete") { "outbox_complete" } else { "outbox_complete_batch" };
+    let ids = required(args.get::<Array<i64>>(0), function, "ids");
+    args.check_one_dimension(0, function, "ids");
+    args.check_one_dimension(1, function, "lease_tokens");
     if ids.contains_nulls() {
-        raise(OutboxError::null_element(FUNCTION, "ids"));
+        raise(OutboxError::null_element(function, "ids"));
     }
     if let Some(tokens) = args.get::<Array<Uuid>>(1) {
         if tokens.len() != ids.len() {
-            raise(OutboxError::invalid(FUNCTION, "lease_tokens", format!("has {} elements but ids has {}", tokens.len(), ids.len())));
+            raise(OutboxError::invalid(function, "lease_tokens", format!("has {} elements but ids has {}", tokens.len(), ids.len())));
         }
     }
     let completed = complete(&args, args.datum(0), ids.len(), args.datum(1));

@@ -36,6 +36,7 @@ const EMPTY_PAYLOAD_HINT: &str = "Use '{}'::jsonb for an empty payload.";
 fn available_at(function: &'static str, args: &Args, n: usize) -> pg_sys::Datum {
     use pgrx::datum::IntoDatum;
     let delay = required(args.interval(n), function, "delay");
+    or_raise(interval::validate_reach(function, "delay", &delay));
     if interval::moves_clock(&delay) == Ordering::Less {
         let shown = interval::shown(&delay);
         raise(OutboxError::invalid(function, "delay", format!("must not be negative, got {shown}")));

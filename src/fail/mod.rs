@@ -4,13 +4,14 @@
 //! holds the message (it completed or failed already, or its lease ran out and it was
 //! re-claimed), in which case nothing changes.
 
-use crate::error::{raise, OutboxError};
+use crate::error::{or_raise, raise, OutboxError};
 use crate::fmgr::{null_result, required, sql_function};
 use crate::policy::{AfterFailure, MAX_ERROR_CHARS};
 use crate::spi::{schema_of_function, Spi, Statement};
 use crate::{interval, ordering, settings};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::BuiltinOid::*;
+use std::cmp::Ordering;
 
 static LOCK: Statement = Statement::new(include_str!("lock.sql"), &[INT8OID, UUIDOID]);
 static RETRY: Statement = Statement::new(include_str!("retry.sql"), &[INT8OID, INT4OID, INTERVALOID, TEXTOID, INT4OID]);
@@ -23,11 +24,14 @@ sql_function!(outbox_fail_c, pg_finfo_outbox_fail_c, |args| {
     if args.is_null(1) {
         raise(OutboxError::null(FUNCTION, "error").with_hint("Say what went wrong."));
     }
+    // Judged as a delay is (by where it takes the clock), then waited as a duration.
     let retry_in = args.interval(3).map(|wait| {
-        interval::to_duration(&wait).unwrap_or_else(|| {
+        or_raise(interval::validate_reach(FUNCTION, "retry_in", &wait));
+        if interval::moves_clock(&wait) == Ordering::Less {
             let shown = interval::shown(&wait);
             raise(OutboxError::invalid(FUNCTION, "retry_in", format!("must not be negative, got {shown}")))
-        })
+        }
+        interval::to_duration(&wait).unwrap_or_default()
     });
 
     let schema = schema_of_function(args.fcinfo());

@@ -80,6 +80,13 @@ CASES = [
     ("outbox_redeliver(1, message_ids => ARRAY[1, NULL]::bigint[])", NULL_VALUE, "message_ids"),
     # Judged by where it takes the clock, as leases and delays: this one is 4 - 5 days ahead.
     ("outbox_purge(interval '-1 year +361 days')", INVALID, "older_than"),
+    # Beyond what the clock may be moved by: PostgreSQL's 22008 (timestamp out of range, naming
+    # nothing) or 22008 from outbox_fail's own arithmetic before 0.5.17.
+    ("outbox_enqueue('booking.created', '{}', interval '1000000 years')", INVALID, "delay"),
+    ("outbox_enqueue_batch('booking.created', ARRAY['{}'::jsonb], interval '1000000 years')", INVALID, "delay"),
+    ("outbox_claim(10, NULL, interval '1000000 years')", INVALID, "lease"),
+    ("outbox_fail(1, 'boom', NULL, interval '1000000 years')", INVALID, "retry_in"),
+    ("outbox_purge(interval '1000000 years')", INVALID, "older_than"),
 ]
 
 
@@ -119,6 +126,8 @@ def test_mixed_sign_intervals_that_move_the_clock_ahead_are_accepted(db):
 @pytest.mark.parametrize("call, argument", [
     ("outbox_claim(10, NULL, interval '-1 year +361 days')", "lease"),
     ("outbox_enqueue('booking.created', '{}', interval '-1 year +361 days')", "delay"),
+    # (0.5.16 judged retry_in alone with 30-day months, and took this one.)
+    ("outbox_fail(1, 'boom', NULL, interval '-1 year +361 days')", "retry_in"),
 ])
 def test_an_interval_above_zero_that_moves_the_clock_back_is_refused(db, call, argument):
     """'-1 year +361 days' is more than zero as PostgreSQL compares intervals (a month as 30
@@ -132,6 +141,45 @@ def test_an_interval_above_zero_that_moves_the_clock_back_is_refused(db, call, a
     assert argument in caught.value.diag.message_primary
 
 
+def test_intervals_reach_ten_thousand_years_and_no_further(db):
+    """Every interval the clock is moved by (delay, lease, retry_in, older_than, overlap) is
+    finite and at most 10,000 years. Beyond, PostgreSQL's arithmetic overflowed with 22008
+    naming nothing; an infinite one (PostgreSQL 17 and later) was taken: a lease that never runs
+    out, a message never due, an old secret never retired (found by stop 40's probe)."""
+    db.execute("SELECT outbox_enqueue('booking.created', '{}', interval '10000 years')")
+    db.execute("SELECT outbox_claim(10, NULL, interval '10000 years')")
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', "
+                              "secret => outbox_generate_secret())").fetchone()[0]
+    unsigned = db.execute("SELECT outbox_subscribe('booking.created', 'https://other.example.test/')").fetchone()[0]
+    too_far = ["interval '1000000 years'"]
+    if db.info.server_version >= 170000:
+        too_far += ["interval 'infinity'", "interval '-infinity'"]
+    for value in too_far:
+        for call, argument in [
+            (f"outbox_enqueue('booking.created', '{{}}', {value})", "delay"),
+            (f"outbox_claim(10, NULL, {value})", "lease"),
+            (f"outbox_fail(1, 'boom', NULL, {value})", "retry_in"),
+            (f"outbox_purge({value})", "older_than"),
+            # With or without a secret to retire (0.5.16 took it when there was none).
+            (f"outbox_rotate_secret({subscription}, overlap => {value})", "overlap"),
+            (f"outbox_rotate_secret({unsigned}, overlap => {value})", "overlap"),
+        ]:
+            with pytest.raises(psycopg.Error) as caught:
+                db.execute(f"SELECT * FROM {call}")
+            assert caught.value.sqlstate == INVALID, (call, caught.value)
+            assert caught.value.diag.message_primary.startswith(call.split("(")[0] + f": {argument} must be finite"), caught.value
+
+
+@pytest.mark.parametrize("function", ["outbox_complete", "outbox_complete_batch"])
+def test_the_batch_completion_names_the_function_called(db, function):
+    """The deprecated outbox_complete(ids, lease_tokens) shares its code with
+    outbox_complete_batch, whose name its errors gave (found by stop 40's probe)."""
+    for call in [f"{function}(ARRAY[1, NULL]::bigint[])", f"{function}(ARRAY[1, 2]::bigint[], ARRAY[gen_random_uuid()])"]:
+        with pytest.raises(psycopg.Error) as caught:
+            db.execute(f"SELECT {call}")
+        assert caught.value.diag.message_primary.startswith(f"{function}: "), caught.value
+
+
 def test_unknown_ids_are_answers_not_errors(db):
     assert db.execute("SELECT outbox_complete(424242)").fetchone()[0] is False
     assert db.execute("SELECT outbox_fail(424242, 'boom')").fetchone()[0] is None
@@ -142,12 +190,16 @@ def test_errors_carry_no_rust_backtrace(db):
     """scripts/test.sh starts the scratch cluster with RUST_BACKTRACE=1 in its environment, as
     a developer's server often runs; 0.3.0 then put ~20 frames in DETAIL. (PostgreSQL rewrites
     its processes' environment area for their titles, so the test cannot check it from here.)"""
-    for call, sqlstate in [
-        ("outbox_enqueue('a.b', '{}', interval '178000000 years')", "22008"),  # raised by PostgreSQL inside Rust
-        ("outbox_claim(0)", INVALID),                                           # raised by Rust
-        ("outbox_fail(1, NULL)", NULL_VALUE),
+    # A batch too long for the statement's time: cancelled by PostgreSQL while Rust writes it.
+    db.execute("CREATE TEMP TABLE big AS SELECT array_agg('{}'::jsonb) AS payloads FROM generate_series(1, 300000)")
+    for call, sqlstate, timeout in [
+        ("outbox_enqueue_batch('a.b', (SELECT payloads FROM big))", "57014", "100ms"),  # raised by PostgreSQL inside Rust
+        ("outbox_claim(0)", INVALID, "0"),                                               # raised by Rust
+        ("outbox_fail(1, NULL)", NULL_VALUE, "0"),
     ]:
+        db.execute(f"SET statement_timeout = '{timeout}'")
         with pytest.raises(psycopg.Error) as caught:
             db.execute(f"SELECT * FROM {call}")
-        assert caught.value.sqlstate == sqlstate
+        db.execute("RESET statement_timeout")
+        assert caught.value.sqlstate == sqlstate, caught.value
         assert not caught.value.diag.message_detail, caught.value.diag.message_detail
