@@ -11,9 +11,9 @@
 //! - At most `outbox.max_workers` run at once; a database beyond the cap is named in a WARNING
 //!   and shown by `outbox_worker_status()`. One that nothing announced (after a restart, or a
 //!   copy made by `CREATE DATABASE … TEMPLATE`) is first checked for the extension by a short
-//!   process of its own, outside the cap, one at a time. A worker that dies is started again after a pause
-//!   that grows while it keeps dying (no crash loop, no log spam); never while its predecessor
-//!   is still there.
+//!   process of its own, outside the cap, one at a time.
+//! - A worker that dies is started again after a pause that grows while it keeps dying (no
+//!   crash loop, no log spam); never while its predecessor is still there.
 
 use super::registry::{self, ExitReason, WaitReason};
 use super::session::WORKER_ROLE;
