@@ -398,7 +398,7 @@ $$;
 
 -- ======== new in 0.5.16 ========
 
--- ======== new in 0.5.17 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.17 ========
 
 -- The PL/pgSQL and SQL functions name the extension's schema as it was called when they were
 -- created. Renamed, that name could be given to a new schema of its owner's (for public, the
@@ -431,3 +431,5 @@ $$;
 CREATE EVENT TRIGGER outbox_keep_schema_name ON ddl_command_end
     WHEN TAG IN ('ALTER SCHEMA')
     EXECUTE FUNCTION outbox_keep_schema_name();
+
+-- ======== new in 0.5.18 (scripts/make-upgrade-script.sh copies from here to the end) ========
