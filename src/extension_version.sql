@@ -1,2 +1,2 @@
--- The version of outbox_ext installed in this database (NULL: not installed).
-SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'outbox_ext'
+-- The version of outbox_ext installed in this database (no row: not installed), and its schema.
+SELECT e.extversion, e.extnamespace FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'outbox_ext'

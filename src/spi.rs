@@ -137,24 +137,70 @@ pub fn schema_of_function(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
 static EXTENSION_VERSION: Statement = Statement::new(include_str!("extension_version.sql"), &[]);
 
 thread_local! {
-    static VERSION_MATCHES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// `outbox`'s oid once this database's extension was found to be the library's version, in
+    /// a state no rollback can undo (see [`forget_the_version_when_it_may_change`]).
+    static VERSION_MATCHED_FOR: std::cell::Cell<Option<pg_sys::Oid>> = const { std::cell::Cell::new(None) };
+    static FORGETTING_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// The version of outbox_ext installed in this database, if any.
-fn installed_version() -> Option<String> {
+/// The version of outbox_ext installed in this database, if any, and its schema.
+fn installed_version() -> Option<(String, pg_sys::Oid)> {
     let mut spi = Spi::connect();
-    let installed = spi.execute(&EXTENSION_VERSION, pg_sys::InvalidOid, &[]).get_text(0, 1);
+    let rows = spi.execute(&EXTENSION_VERSION, pg_sys::InvalidOid, &[]);
+    let installed = rows.get_text(0, 1).zip(rows.get::<pg_sys::Oid>(0, 2));
     spi.finish();
     installed
 }
 
 /// Whether this database's extension is the version of this library. Checked once per session
-/// when it matches, on every call while it does not.
+/// when it matches (until it may have changed), on every call while it does not.
 pub fn version_matches() -> bool {
-    if !VERSION_MATCHES.get() && installed_version().as_deref() == Some(env!("CARGO_PKG_VERSION")) {
-        VERSION_MATCHES.set(true);
+    if VERSION_MATCHED_FOR.get().is_none() {
+        if let Some((version, schema)) = installed_version() {
+            if version == env!("CARGO_PKG_VERSION") {
+                forget_the_version_when_it_may_change();
+                // SAFETY: a catalog lookup by name in the extension's schema.
+                VERSION_MATCHED_FOR.set(Some(unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), schema) }));
+            }
+        }
     }
-    VERSION_MATCHES.get()
+    VERSION_MATCHED_FOR.get().is_some()
+}
+
+/// What was found stays true until a transaction or savepoint rolls back (it may have been an
+/// `ALTER EXTENSION … UPDATE` whose result this session used) or `outbox` is invalidated (the
+/// extension dropped, perhaps created again at another version, by any session).
+fn forget_the_version_when_it_may_change() {
+    if FORGETTING_REGISTERED.replace(true) {
+        return;
+    }
+    unsafe extern "C-unwind" fn at_abort(event: pg_sys::XactEvent::Type, _: *mut std::ffi::c_void) {
+        if event == pg_sys::XactEvent::XACT_EVENT_ABORT || event == pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT {
+            VERSION_MATCHED_FOR.set(None);
+        }
+    }
+    unsafe extern "C-unwind" fn at_savepoint_abort(
+        event: pg_sys::SubXactEvent::Type,
+        _: pg_sys::SubTransactionId,
+        _: pg_sys::SubTransactionId,
+        _: *mut std::ffi::c_void,
+    ) {
+        if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+            VERSION_MATCHED_FOR.set(None);
+        }
+    }
+    unsafe extern "C-unwind" fn at_invalidation(_: pg_sys::Datum, relation: pg_sys::Oid) {
+        if relation == pg_sys::InvalidOid || Some(relation) == VERSION_MATCHED_FOR.get() {
+            VERSION_MATCHED_FOR.set(None);
+        }
+    }
+    // SAFETY: registers callbacks for the rest of the session, once; they only reset a
+    // thread-local of this (the main) thread.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(at_abort), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(at_savepoint_abort), std::ptr::null_mut());
+        pg_sys::CacheRegisterRelcacheCallback(Some(at_invalidation), pg_sys::Datum::from(0));
+    }
 }
 
 /// The library's statements are written for its own version of the schema. After a new
@@ -163,7 +209,7 @@ pub fn version_matches() -> bool {
 /// not fit.
 pub fn require_matching_version() {
     if !version_matches() {
-        let installed = installed_version().unwrap_or_else(|| "none".into());
+        let installed = installed_version().map_or_else(|| "none".into(), |(version, _)| version);
         raise(OutboxError::WrongVersion { installed, library: env!("CARGO_PKG_VERSION").into() });
     }
 }

@@ -1,10 +1,13 @@
--- The users' grants saved at the start of this script, granted again (objects that no longer
--- exist are skipped).
+-- The users' grants saved at the start of this script, granted again where they are gone: on
+-- objects dropped and created anew (objects that no longer exist are skipped). A grant still
+-- there is left as it is, with its grantor: granted again by whoever runs the update, it would
+-- outlive a REVOKE … CASCADE from the role that granted it.
 DO $keep_grants$
 DECLARE
     saved pg_catalog.jsonb;
     still_there boolean;
     successor text;
+    acl pg_catalog.aclitem[];
 BEGIN
     FOR saved IN SELECT * FROM pg_catalog.jsonb_array_elements(pg_catalog.current_setting('outbox_ext_upgrade.grants')::pg_catalog.jsonb) LOOP
         IF saved OPERATOR(pg_catalog.->>) 0 OPERATOR(pg_catalog.=) 'FUNCTION' THEN
@@ -23,12 +26,34 @@ BEGIN
                  WHERE p.proname OPERATOR(pg_catalog.=) pg_catalog.split_part(saved OPERATOR(pg_catalog.->>) 1, '(', 1);
                 saved := pg_catalog.jsonb_set(saved, '{1}', pg_catalog.to_jsonb(successor));
             END IF;
+            acl := (SELECT p.proacl FROM pg_catalog.pg_proc p
+                     WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(saved OPERATOR(pg_catalog.->>) 1));
+        ELSIF saved OPERATOR(pg_catalog.->>) 0 OPERATOR(pg_catalog.=) 'COLUMN' THEN
+            acl := (SELECT a.attacl FROM pg_catalog.pg_attribute a
+                     WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1)
+                       AND a.attname OPERATOR(pg_catalog.=) (saved OPERATOR(pg_catalog.->>) 5)
+                       AND NOT a.attisdropped);
+            still_there := EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                                    WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1)
+                                      AND a.attname OPERATOR(pg_catalog.=) (saved OPERATOR(pg_catalog.->>) 5)
+                                      AND NOT a.attisdropped);
         ELSE
             still_there := pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1) IS NOT NULL;
+            acl := (SELECT c.relacl FROM pg_catalog.pg_class c
+                     WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1));
         END IF;
-        IF still_there THEN
-            EXECUTE pg_catalog.format('GRANT %s ON %s %s TO %I%s',
-                saved OPERATOR(pg_catalog.->>) 3, saved OPERATOR(pg_catalog.->>) 0, saved OPERATOR(pg_catalog.->>) 1,
+        IF still_there AND NOT EXISTS (
+               SELECT FROM pg_catalog.aclexplode(acl) a
+                WHERE a.grantee OPERATOR(pg_catalog.=) pg_catalog.to_regrole(pg_catalog.quote_ident(saved OPERATOR(pg_catalog.->>) 2))
+                  AND a.privilege_type OPERATOR(pg_catalog.=) (saved OPERATOR(pg_catalog.->>) 3)
+                  AND (a.is_grantable OR NOT (saved OPERATOR(pg_catalog.->>) 4)::pg_catalog.bool)) THEN
+            EXECUTE pg_catalog.format('GRANT %s%s ON %s %s TO %I%s',
+                saved OPERATOR(pg_catalog.->>) 3,
+                CASE WHEN saved OPERATOR(pg_catalog.->>) 0 OPERATOR(pg_catalog.=) 'COLUMN'
+                     THEN pg_catalog.format(' (%I)', saved OPERATOR(pg_catalog.->>) 5) ELSE '' END,
+                CASE WHEN saved OPERATOR(pg_catalog.->>) 0 OPERATOR(pg_catalog.=) 'COLUMN' THEN 'TABLE'
+                     ELSE saved OPERATOR(pg_catalog.->>) 0 END,
+                saved OPERATOR(pg_catalog.->>) 1,
                 saved OPERATOR(pg_catalog.->>) 2,
                 CASE WHEN (saved OPERATOR(pg_catalog.->>) 4)::pg_catalog.bool THEN ' WITH GRANT OPTION' ELSE '' END);
         END IF;
@@ -63,6 +88,16 @@ BEGIN
        AND d.deptype OPERATOR(pg_catalog.=) 'e'
        AND i.classoid OPERATOR(pg_catalog.=) d.classid
        AND i.objoid OPERATOR(pg_catalog.=) d.objid;
+    -- A column only users were granted has no initial privilege in a fresh install; left empty,
+    -- the row would make the next update's GRANT fail (PostgreSQL 16 and later).
+    DELETE FROM pg_catalog.pg_init_privs i
+     USING pg_catalog.pg_depend d
+     WHERE d.refobjid OPERATOR(pg_catalog.=) extension_oid
+       AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+       AND d.deptype OPERATOR(pg_catalog.=) 'e'
+       AND i.classoid OPERATOR(pg_catalog.=) d.classid
+       AND i.objoid OPERATOR(pg_catalog.=) d.objid
+       AND pg_catalog.array_ndims(i.initprivs) IS NULL;
     -- PostgreSQL 17 and later also record each role named in an initial privilege as a
     -- dependency of the object ('i' in pg_shdepend).
     IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4 OPERATOR(pg_catalog.>=) 170000 THEN

@@ -250,3 +250,86 @@ def test_the_update_from_0_5_2_moves_done_messages_and_their_deliveries_to_their
         assert delivery_places == {day.replace("outbox_", "outbox_delivery_") for (day,) in days}
         # What stays in outbox: pending, dead, the DONE one holding its dedupe_key.
         assert old.execute("SELECT count(*) FROM ONLY outbox").fetchone()[0] == 6
+
+
+USERS_ACL = """
+SELECT 'relation ' || c.relname || ' ' || coalesce(c.relacl::text, '') FROM pg_class c
+ WHERE c.relnamespace = 'public'::regnamespace AND c.relname LIKE 'outbox%' AND c.relacl::text LIKE '%outbox_upgrade_%'
+UNION ALL
+SELECT 'column ' || a.attrelid::regclass || '.' || a.attname || ' ' || a.attacl::text FROM pg_attribute a
+ WHERE a.attrelid::regclass::text LIKE 'outbox%' AND a.attacl::text LIKE '%outbox_upgrade_%'
+UNION ALL
+SELECT 'function ' || p.oid::regprocedure || ' ' || p.proacl::text FROM pg_proc p
+ WHERE p.proname LIKE 'outbox%' AND p.proacl::text LIKE '%outbox_upgrade_%'
+ORDER BY 1
+"""
+
+
+# Releases whose update scripts keep the users' grants as they were (from 0.5.17; a database at
+# 0.5.16 goes through 0.5.17's script, which already takes column grants).
+@pytest.mark.parametrize("previous", [v for v in PREVIOUS if version_key(v) >= (0, 5, 16)])
+def test_an_update_keeps_column_grants_and_who_granted_what(database, previous):
+    """A user's column grant on an extension table made the next update fail on PostgreSQL 16+
+    ("ACL arrays must be one-dimensional"): the update left an empty initial privilege behind.
+    And the update granted again, as the superuser running it, what was still granted, so a
+    REVOKE … CASCADE from the role that granted it no longer took it away."""
+    with fresh_database("outbox_upgrade_grants") as old:
+        old.execute(f"CREATE EXTENSION outbox_ext VERSION '{previous}'")
+        for role in ("outbox_upgrade_lead", "outbox_upgrade_team"):
+            old.execute(f"DROP ROLE IF EXISTS {role}")
+            old.execute(f"CREATE ROLE {role}")
+        old.execute("GRANT SELECT (id, topic) ON outbox TO outbox_upgrade_team")
+        old.execute("GRANT EXECUTE ON FUNCTION outbox_stats() TO outbox_upgrade_lead WITH GRANT OPTION")
+        old.execute("SET ROLE outbox_upgrade_lead")
+        old.execute("GRANT EXECUTE ON FUNCTION outbox_stats() TO outbox_upgrade_team")
+        old.execute("RESET ROLE")
+        before = old.execute(USERS_ACL).fetchall()
+        assert len(before) == 3, before
+
+        old.execute("ALTER EXTENSION outbox_ext UPDATE")
+        # Once more, as the next release's update will: it must not stumble on what this one left.
+        old.execute("ALTER EXTENSION outbox_ext UPDATE")
+
+        assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'").fetchone()[0] == CURRENT
+        if version_key(previous) >= (0, 5, 17):
+            assert old.execute(USERS_ACL).fetchall() == before, "the same grants, by the same grantors"
+            old.execute("REVOKE EXECUTE ON FUNCTION outbox_stats() FROM outbox_upgrade_lead CASCADE")
+            assert not old.execute("SELECT has_function_privilege('outbox_upgrade_team', 'outbox_stats()', 'EXECUTE')").fetchone()[0]
+        else:
+            assert {row[0].split(" ")[1] for row in old.execute(USERS_ACL)} == {row[0].split(" ")[1] for row in before}
+        assert old.execute("SELECT has_column_privilege('outbox_upgrade_team', 'outbox', 'topic', 'SELECT')").fetchone()[0]
+        assert old.execute("""SELECT count(*) FROM pg_init_privs i JOIN pg_depend d ON d.classid = i.classoid AND d.objid = i.objoid
+                                JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'outbox_ext'
+                               WHERE array_ndims(i.initprivs) IS NULL""").fetchone()[0] == 0, "no empty initial privileges"
+        old.execute("DROP EXTENSION outbox_ext")
+        for role in ("outbox_upgrade_team", "outbox_upgrade_lead"):
+            old.execute(f"DROP ROLE {role}")
+
+
+def test_a_session_that_saw_an_update_rolled_back_refuses_the_old_schema(database):
+    """The library checks once per session that the database's extension is its version. A
+    session that ran the update in a transaction, used it, and rolled back (or whose extension
+    another session dropped and created at an older version) kept running the new library's
+    statements against the old schema."""
+    previous = PREVIOUS[-1]
+    with fresh_database("outbox_upgrade_rollback") as session:
+        session.execute(f"CREATE EXTENSION outbox_ext VERSION '{previous}'")
+        for rollback in ("ROLLBACK", "ROLLBACK TO SAVEPOINT before_update"):
+            session.execute("BEGIN")
+            if rollback.startswith("ROLLBACK TO"):
+                session.execute("SAVEPOINT before_update")
+            session.execute("ALTER EXTENSION outbox_ext UPDATE")
+            session.execute("SELECT outbox_enqueue('booking.created', '{}')")
+            session.execute(rollback)
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="ALTER EXTENSION outbox_ext UPDATE"):
+                session.execute("SELECT outbox_enqueue('booking.created', '{}')")
+            session.execute("ROLLBACK")
+        assert session.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0
+
+        session.execute("ALTER EXTENSION outbox_ext UPDATE")
+        session.execute("SELECT outbox_enqueue('booking.created', '{}')")
+        with psycopg.connect(dbname="outbox_upgrade_rollback", autocommit=True) as other:
+            other.execute("DROP EXTENSION outbox_ext")
+            other.execute(f"CREATE EXTENSION outbox_ext VERSION '{previous}'")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="ALTER EXTENSION outbox_ext UPDATE"):
+            session.execute("SELECT outbox_enqueue('booking.created', '{}')")
