@@ -100,12 +100,12 @@ SELECT id, public_id, topic, attempts, last_error, created_at, processed_at AS d
 -- shows no secrets and only the names of extra headers (they may carry credentials).
 CREATE TABLE outbox_subscription (
     id         bigserial   PRIMARY KEY,
-    topic      varchar(64) NOT NULL CHECK (outbox_topic_is_valid(topic)),
+    topic      varchar(64) NOT NULL CHECK (outbox_topic_is_valid(topic::text)),
     url        text        NOT NULL,
     secret     text,
     headers    jsonb       NOT NULL DEFAULT '{}',
     -- NULL: outbox.http_timeout.
-    timeout    interval    CHECK (timeout BETWEEN interval '100 milliseconds' AND interval '10 minutes'),
+    timeout    interval    CHECK (timeout OPERATOR(pg_catalog.>=) interval '100 milliseconds' AND timeout OPERATOR(pg_catalog.<=) interval '10 minutes'),
     enabled    boolean     NOT NULL DEFAULT true,
     created_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT outbox_subscription_topic_url_key UNIQUE (topic, url)
@@ -141,8 +141,8 @@ CREATE INDEX outbox_key_queue_idx ON outbox (ordering_key, id)
 ALTER TABLE outbox_subscription
     ADD COLUMN disabled_reason       text,
     ADD COLUMN failing_since         timestamptz,
-    ADD COLUMN rate_limit            double precision CHECK (rate_limit > 0),
-    ADD COLUMN max_in_flight         integer CHECK (max_in_flight > 0),
+    ADD COLUMN rate_limit            double precision CHECK (rate_limit OPERATOR(pg_catalog.>) 0),
+    ADD COLUMN max_in_flight         integer CHECK (max_in_flight OPERATOR(pg_catalog.>) 0),
     ADD COLUMN previous_secret       text,
     ADD COLUMN previous_secret_until timestamptz;
 
@@ -291,10 +291,10 @@ DO $$
 BEGIN
     FOR slot IN 0..31 LOOP
         EXECUTE pg_catalog.format('CREATE TABLE @extschema@.%I PARTITION OF @extschema@.outbox_delivery_attempt FOR VALUES IN (%s)',
-                                  'outbox_delivery_attempt_' || slot, slot);
+                                  pg_catalog.format('outbox_delivery_attempt_%s', slot), slot);
         -- pg_dump keeps their rows (an extension's tables are otherwise dumped empty).
         PERFORM pg_catalog.pg_extension_config_dump(
-            pg_catalog.format('@extschema@.%I', 'outbox_delivery_attempt_' || slot)::pg_catalog.regclass, '');
+            pg_catalog.format('@extschema@.%I', pg_catalog.format('outbox_delivery_attempt_%s', slot))::pg_catalog.regclass, '');
     END LOOP;
 END
 $$;
@@ -342,18 +342,18 @@ BEGIN
         -- messages (constraint_exclusion); it costs the archive one check per statement.
         EXECUTE pg_catalog.format(
             'CREATE TABLE @extschema@.%1$I (CONSTRAINT %2$I CHECK (status OPERATOR(pg_catalog.=) ''DONE''::@extschema@.outbox_status))
-                 INHERITS (@extschema@.outbox)', 'outbox_history_' || slot, 'outbox_history_' || slot || '_done');
-        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I (id)', 'outbox_history_' || slot);
-        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I (public_id)', 'outbox_history_' || slot);
+                 INHERITS (@extschema@.outbox)', pg_catalog.format('outbox_history_%s', slot), pg_catalog.format('outbox_history_%s_done', slot));
+        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I (id)', pg_catalog.format('outbox_history_%s', slot));
+        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I (public_id)', pg_catalog.format('outbox_history_%s', slot));
         -- Moved in processed_at order: whether a day holds rows newer than a purge's cutoff.
-        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I USING brin (processed_at)', 'outbox_history_' || slot);
+        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I USING brin (processed_at)', pg_catalog.format('outbox_history_%s', slot));
         EXECUTE pg_catalog.format(
             'CREATE TABLE @extschema@.%1$I (CONSTRAINT %2$I CHECK (status OPERATOR(pg_catalog.=) ''DONE''::@extschema@.outbox_status))
-                 INHERITS (@extschema@.outbox_delivery)', 'outbox_delivery_history_' || slot, 'outbox_delivery_history_' || slot || '_done');
-        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I (message_id, subscription_id)', 'outbox_delivery_history_' || slot);
+                 INHERITS (@extschema@.outbox_delivery)', pg_catalog.format('outbox_delivery_history_%s', slot), pg_catalog.format('outbox_delivery_history_%s_done', slot));
+        EXECUTE pg_catalog.format('CREATE INDEX ON @extschema@.%I (message_id, subscription_id)', pg_catalog.format('outbox_delivery_history_%s', slot));
         -- pg_dump keeps their rows (an extension's tables are otherwise dumped empty).
-        PERFORM pg_catalog.pg_extension_config_dump(pg_catalog.format('@extschema@.%I', 'outbox_history_' || slot)::pg_catalog.regclass, '');
-        PERFORM pg_catalog.pg_extension_config_dump(pg_catalog.format('@extschema@.%I', 'outbox_delivery_history_' || slot)::pg_catalog.regclass, '');
+        PERFORM pg_catalog.pg_extension_config_dump(pg_catalog.format('@extschema@.%I', pg_catalog.format('outbox_history_%s', slot))::pg_catalog.regclass, '');
+        PERFORM pg_catalog.pg_extension_config_dump(pg_catalog.format('@extschema@.%I', pg_catalog.format('outbox_delivery_history_%s', slot))::pg_catalog.regclass, '');
     END LOOP;
 END
 $$;
@@ -367,9 +367,9 @@ $$;
 DO $$
 BEGIN
     FOR slot IN 0..31 LOOP
-        EXECUTE pg_catalog.format('DROP INDEX @extschema@.%I', 'outbox_history_' || slot || '_processed_at_idx');
+        EXECUTE pg_catalog.format('DROP INDEX @extschema@.%I', pg_catalog.format('outbox_history_%s_processed_at_idx', slot));
         EXECUTE pg_catalog.format('CREATE INDEX %I ON @extschema@.%I (processed_at)',
-                                  'outbox_history_' || slot || '_processed_at_idx', 'outbox_history_' || slot);
+                                  pg_catalog.format('outbox_history_%s_processed_at_idx', slot), pg_catalog.format('outbox_history_%s', slot));
     END LOOP;
 END
 $$;

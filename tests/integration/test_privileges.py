@@ -174,24 +174,29 @@ def names_called_in_sql():
     return words
 
 
-def plant_look_alikes(conn, schema):
+def plant_look_alikes(conn, schema, catalog=None):
     """Copies, in `schema`, of every function the extension's SQL names (same signatures, for
     the pg_catalog and the extension's own ones), all-text overloads of the extension's
-    functions, and operators of the types the statements compare and compute with."""
+    functions, and operators of the types the statements compare and compute with.
+
+    With `catalog` (a connection to a database that has the extension), the extension's
+    functions are read there, and only overloads that differ from them are planted: this is
+    for a database where the extension is yet to be created, whose own functions would collide
+    with exact copies."""
     words = names_called_in_sql()
-    functions = conn.execute(
+    functions = (catalog or conn).execute(
         """SELECT p.proname, pg_get_function_identity_arguments(p.oid), p.prorettype::regtype::text, p.prokind,
-                  p.pronargs, p.proretset
+                  p.pronargs, p.proretset, p.pronamespace <> 'pg_catalog'::regnamespace, oidvectortypes(p.proargtypes)
              FROM pg_proc p
             WHERE p.pronamespace IN ('pg_catalog'::regnamespace, (SELECT extnamespace FROM pg_extension WHERE extname = 'outbox_ext'))
               AND p.proname = ANY(%s)""",
         (sorted(words),),
     ).fetchall()
     planted = 0
-    for name, arguments, returns, kind, nargs, returns_set in functions:
-        signatures = {arguments}
+    for name, arguments, returns, kind, nargs, returns_set, extensions_own, types in functions:
+        signatures = set() if catalog and extensions_own else {arguments}
         if name.startswith("outbox_") and nargs > 0:
-            signatures |= {", ".join(["text"] * nargs), ", ".join(["character varying"] * nargs)}
+            signatures |= {", ".join(["text"] * nargs), ", ".join(["character varying"] * nargs)} - {types}
         for signature in signatures:
             if kind == "a":
                 statement = (f"CREATE AGGREGATE {schema}.{name}({signature or '*'}) "
@@ -309,3 +314,45 @@ def restart_worker(database):
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         eventually(lambda: all(admin.execute("SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]
                                for pid in pids), what="the worker to exit")
+
+
+def test_no_look_alike_planted_before_the_install_runs_or_is_built_in(hostile_database, database):
+    """The install itself runs as a superuser with the extension's schema on its search_path:
+    the database owner, who owns public, planted public.||(text, integer) before CREATE
+    EXTENSION, and the install's DO blocks ran it as a superuser. An expression stored by the
+    install (a CHECK, a view, a default) would also keep calling whatever it resolved to."""
+    with psycopg.connect(dbname=database, autocommit=True) as catalog, connect_as(ATTACKER) as mallory:
+        mallory.execute("CREATE FUNCTION public.trap_transition(bigint) RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint'")
+        planted = plant_look_alikes(mallory, "public", catalog=catalog)
+        assert planted > 500, f"only {planted} look-alikes planted"
+    receiver = Receiver().start()
+    try:
+        with connect_as() as db:
+            create_extension(db)
+            ran_at_install = db.execute("SELECT current_role_name, trap FROM public.trap_log").fetchall()
+            assert ran_at_install == []
+            built_in = db.execute(
+                """SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ' -> ' || pg_describe_object(d.refclassid, d.refobjid, 0)
+                     FROM pg_catalog.pg_depend d
+                    WHERE (d.refclassid, d.refobjid) IN (SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid FROM pg_catalog.pg_proc p
+                                                          WHERE p.proowner = %(attacker)s::pg_catalog.regrole
+                                                         UNION ALL
+                                                         SELECT 'pg_catalog.pg_operator'::pg_catalog.regclass, o.oid FROM pg_catalog.pg_operator o
+                                                          WHERE o.oprowner = %(attacker)s::pg_catalog.regrole)
+                      AND (d.classid, d.objid) NOT IN (SELECT 'pg_catalog.pg_operator'::pg_catalog.regclass, o.oid FROM pg_catalog.pg_operator o
+                                                        WHERE o.oprowner = %(attacker)s::pg_catalog.regrole
+                                                       UNION ALL
+                                                       SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid FROM pg_catalog.pg_proc p
+                                                        WHERE p.proowner = %(attacker)s::pg_catalog.regrole)""",
+                {"attacker": ATTACKER}).fetchall()
+            assert built_in == []
+            # What the stored expressions check, and the worker's first steps.
+            db.execute("SELECT public.outbox_subscribe('hook.sent', %s, public.outbox_generate_secret(), '{\"X-Team\": \"7\"}', "
+                       "timeout => '5 seconds', rate_limit => 5, max_in_flight => 2)", (receiver.url,))
+            db.execute("SELECT public.outbox_enqueue('hook.sent', '{\"n\": 1}', ordering_key => 'k')")
+        receiver.wait_for(1)
+        with connect_as() as db:
+            assert db.execute("SELECT current_role_name, trap FROM public.trap_log").fetchall() == []
+        assert not attacker_is_superuser()
+    finally:
+        receiver.stop()
