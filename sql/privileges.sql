@@ -16,15 +16,16 @@
 -- CREATEROLE, not a superuser, may have made it first, with a password it knows or with itself
 -- as the role's admin (PostgreSQL 16 and later make a role's creator so), to be given the
 -- extension's rights (the subscriptions' secrets) once a superuser creates the extension.
--- Refuse what the extension never makes: a password, an admin who is not a superuser, a
--- member of the worker's role.
+-- Refuse what the extension never makes: a password, a login (but the worker's, before 17),
+-- objects it owns (a SECURITY DEFINER function of its runs with its rights), an admin who is
+-- not a superuser, a member of the worker's role.
 DO $$
 DECLARE
     existing record;
     holder name;
 BEGIN
     FOR existing IN
-        SELECT a.oid, a.rolname, a.rolpassword IS NOT NULL AS has_password
+        SELECT a.oid, a.rolname, a.rolpassword IS NOT NULL AS has_password, a.rolcanlogin
           FROM pg_catalog.pg_authid a
          WHERE a.rolname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_producer', 'outbox_consumer', 'outbox_admin', 'outbox_worker']::name[])
          ORDER BY a.rolname
@@ -34,6 +35,27 @@ BEGIN
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       DETAIL = 'outbox_ext makes its roles without one. A role with CREATEROLE may have made it first, to be given the extension''s rights.',
                       HINT = pg_catalog.format('If you gave it the password, ALTER ROLE %I PASSWORD NULL; if not, DROP ROLE %I. Then try again.', existing.rolname, existing.rolname);
+        END IF;
+        IF existing.rolcanlogin AND existing.rolname OPERATOR(pg_catalog.<>) 'outbox_worker' THEN
+            RAISE EXCEPTION 'outbox_ext: role % already exists, and may log in', existing.rolname
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'outbox_ext makes its roles NOLOGIN: grant them to your roles. Without a password a role may still log in where pg_hba.conf does not ask for one.',
+                      HINT = pg_catalog.format('ALTER ROLE %I NOLOGIN, or DROP ROLE %I. Then try again.', existing.rolname, existing.rolname);
+        END IF;
+        -- In any database (pg_shdepend is the cluster's): the extension's roles own nothing.
+        SELECT COALESCE(b.datname, 'none: an object of the whole cluster') INTO holder
+          FROM pg_catalog.pg_shdepend d
+          LEFT JOIN pg_catalog.pg_database b ON b.oid OPERATOR(pg_catalog.=) d.dbid
+         WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_authid'::pg_catalog.regclass
+           AND d.refobjid OPERATOR(pg_catalog.=) existing.oid
+           AND d.deptype OPERATOR(pg_catalog.=) 'o'
+         ORDER BY 1
+         LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'outbox_ext: role % already exists, and owns objects (database %)', existing.rolname, holder
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'outbox_ext''s roles own nothing. A role with CREATEROLE may have made it first and given it a function, which would run with the extension''s rights.',
+                      HINT = pg_catalog.format('In that database, REASSIGN OWNED BY %I TO a role of yours (or DROP OWNED BY %I), or DROP ROLE %I. Then try again.', existing.rolname, existing.rolname, existing.rolname);
         END IF;
         SELECT m.rolname INTO holder
           FROM pg_catalog.pg_auth_members g

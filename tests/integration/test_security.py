@@ -379,6 +379,25 @@ def test_roles_made_in_advance_by_a_role_with_createrole_are_refused():
             with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match=r"role outbox_worker already exists, with a member \(creator\)"):
                 admin.execute("CREATE EXTENSION outbox_ext")
             admin.execute("REVOKE outbox_worker FROM creator")
+            # Stop 41's probe: made while its creator could act as it, the role may own a
+            # SECURITY DEFINER function, in any database, that reads what the role may read.
+            admin.execute("ALTER ROLE outbox_admin LOGIN")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="role outbox_admin already exists, and may log in"):
+                admin.execute("CREATE EXTENSION outbox_ext")
+            admin.execute("ALTER ROLE outbox_admin NOLOGIN")
+            admin.execute("CREATE DATABASE elsewhere")
+        with cluster.connect(dbname="elsewhere") as elsewhere:
+            elsewhere.execute("CREATE SCHEMA evil AUTHORIZATION outbox_admin")
+            elsewhere.execute("CREATE FUNCTION evil.steal() RETURNS SETOF text LANGUAGE sql SECURITY DEFINER AS 'SELECT 1::text'")
+            elsewhere.execute("ALTER FUNCTION evil.steal() OWNER TO outbox_admin")
+            elsewhere.execute("ALTER SCHEMA evil OWNER TO postgres")
+        with cluster.connect() as admin:
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                               match=r"role outbox_admin already exists, and owns objects \(database elsewhere\)"):
+                admin.execute("CREATE EXTENSION outbox_ext")
+        with cluster.connect(dbname="elsewhere") as elsewhere:
+            elsewhere.execute("DROP OWNED BY outbox_admin")
+        with cluster.connect() as admin:
             admin.execute("CREATE EXTENSION outbox_ext")
             assert admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'").fetchone()
     finally:
