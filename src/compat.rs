@@ -45,3 +45,26 @@ pub unsafe fn index_constraints_hold(
     #[cfg(feature = "pg18")]
     return pgrx::pg_sys::ExecCheckIndexConstraints(target, slot, estate, &mut conflict, std::ptr::null_mut(), arbiters);
 }
+
+/// Whether the current role owns database `oid` (or is a superuser): PostgreSQL 16 replaced the
+/// per-kind ownership checks with `object_ownercheck`.
+pub fn owns_database(oid: pgrx::pg_sys::Oid) -> bool {
+    // SAFETY: catalog lookups by oid, in a transaction.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        return pgrx::pg_sys::pg_database_ownercheck(oid, pgrx::pg_sys::GetUserId());
+        #[cfg(not(feature = "pg15"))]
+        return pgrx::pg_sys::object_ownercheck(pgrx::pg_sys::DatabaseRelationId, oid, pgrx::pg_sys::GetUserId());
+    }
+}
+
+/// Whether the current role owns extension `oid` (or is a superuser).
+pub fn owns_extension(oid: pgrx::pg_sys::Oid) -> bool {
+    // SAFETY: catalog lookups by oid, in a transaction.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        return pgrx::pg_sys::pg_extension_ownercheck(oid, pgrx::pg_sys::GetUserId());
+        #[cfg(not(feature = "pg15"))]
+        return pgrx::pg_sys::object_ownercheck(pgrx::pg_sys::ExtensionRelationId, oid, pgrx::pg_sys::GetUserId());
+    }
+}

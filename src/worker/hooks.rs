@@ -7,6 +7,7 @@
 //! then (if the database, or the extension, is still there).
 
 use super::registry;
+use crate::compat;
 use pgrx::pg_sys;
 use pgrx::{register_xact_callback, PgList, PgXactCallbackEvent};
 use std::ffi::CStr;
@@ -26,7 +27,9 @@ pub fn install() {
     }
 }
 
-/// The databases (oids) `statement` needs without connections.
+/// The databases (oids) `statement` needs without connections, of those the current role may
+/// run it on. Whoever may not gets PostgreSQL's error after this hook: they must not stop a
+/// worker on the way (a request in flight would be sent again).
 unsafe fn databases_to_pause(statement: *mut pg_sys::Node) -> Vec<pg_sys::Oid> {
     // SAFETY: `statement` is a valid utility statement node; each branch reads the node type
     // its tag names.
@@ -54,6 +57,10 @@ unsafe fn databases_to_pause(statement: *mut pg_sys::Node) -> Vec<pg_sys::Oid> {
                 option(&(*create).options, "template").map(|t| pg_sys::defGetString(t)).into_iter().map(|s| s.cast_const()).collect()
             }
             pg_sys::NodeTag::T_DropStmt if drops_this_extension(statement as *mut pg_sys::DropStmt) => {
+                let extension = pg_sys::get_extension_oid(c"outbox_ext".as_ptr(), true);
+                if extension == pg_sys::InvalidOid || !compat::owns_extension(extension) {
+                    return vec![];
+                }
                 return vec![crate::backend::database_id()];
             }
             _ => vec![],
@@ -62,7 +69,9 @@ unsafe fn databases_to_pause(statement: *mut pg_sys::Node) -> Vec<pg_sys::Oid> {
             .into_iter()
             .filter(|name| !name.is_null())
             .map(|name| pg_sys::get_database_oid(name, true))
-            .filter(|&oid| oid != pg_sys::InvalidOid)
+            // Dropping, renaming or moving a database takes its owner; so does copying one
+            // that is not a template (a template has no worker to stop).
+            .filter(|&oid| oid != pg_sys::InvalidOid && compat::owns_database(oid))
             .collect()
     }
 }

@@ -3,6 +3,7 @@ CREATE EXTENSION is enough. A server of its own, configured only with the preloa
 
 import time
 
+import psycopg
 import pytest
 
 from support import CURRENT_VERSION, cpu_share, eventually, released_versions
@@ -87,6 +88,33 @@ def test_a_dropped_or_renamed_database_gets_no_worker_under_its_old_name(cluster
         time.sleep(2)
         written = log_since(cluster, offset)
         assert "FATAL" not in written, f"attempt {attempt + 1}: {written}"
+
+
+def test_a_role_that_may_not_drop_or_copy_a_database_does_not_stop_its_worker(cluster):
+    """The hook that keeps a database's worker away while DROP DATABASE, a RENAME or a copy
+    runs, and while DROP EXTENSION does, acted before PostgreSQL checked the role's rights: a
+    role with no rights at all stopped any database's worker with a statement that then failed
+    (stop 41's probe: 18 restarts in 300 statements, and a request in flight sent twice)."""
+    cluster.create_database("kept")
+    eventually(lambda: "kept" in cluster.worker_pids(), what="its worker")
+    worker = cluster.worker_pids()["kept"]
+    with cluster.connect() as admin:
+        admin.execute("DROP ROLE IF EXISTS nobody")
+        admin.execute("CREATE ROLE nobody LOGIN")
+    statements = ["DROP DATABASE kept", "ALTER DATABASE kept RENAME TO taken", "ALTER DATABASE kept SET TABLESPACE pg_default",
+                  "CREATE DATABASE copy_of_kept TEMPLATE kept"]
+    with psycopg.connect(host="127.0.0.1", port=cluster.port, user="nobody", dbname="postgres", autocommit=True) as nobody:
+        for statement in statements:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                nobody.execute(statement)
+    with psycopg.connect(host="127.0.0.1", port=cluster.port, user="nobody", dbname="kept", autocommit=True) as nobody:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            nobody.execute("DROP EXTENSION outbox_ext")
+    time.sleep(1)
+    assert cluster.worker_pids().get("kept") == worker, "the same worker, never stopped"
+    with cluster.connect() as admin:
+        admin.execute("DROP DATABASE kept")
+        admin.execute("DROP ROLE nobody")
 
 
 def test_a_database_with_a_worker_can_be_renamed_and_used_as_a_template(cluster, receiver):
