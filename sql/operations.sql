@@ -257,7 +257,12 @@ AS $$
                -- started_at (with the clock alone it scanned the whole log, per endpoint).
                AND a.started_at > now() - interval '1 minute'
                AND a.started_at > clock_timestamp() - interval '1 minute'),
-           s.failing_since, s.disabled_reason
+           s.failing_since,
+           -- The worker's reason quotes the start of the endpoint's answer, which often repeats
+           -- the request (its URL, its headers): for monitoring, the status alone.
+           CASE WHEN pg_catalog.pg_has_role(session_user, 'outbox_admin', 'USAGE') THEN s.disabled_reason
+                ELSE pg_catalog.regexp_replace(s.disabled_reason, '(; last error: HTTP [0-9]+): .*$', '\1: …')
+           END
       FROM @extschema@.outbox_subscription s
       LEFT JOIN LATERAL (
             SELECT count(*) AS pending,

@@ -99,6 +99,23 @@ def test_monitoring_sees_where_an_endpoint_is_but_not_its_capability_url(db, rol
     assert seen["app_admin"] == ["https://hooks.example.test:8443/services/T0/B0/s3cr3t?token=SUPERSECRET", "https://other.example.test"]
 
 
+def test_monitoring_reads_why_an_endpoint_was_disabled_but_not_what_it_answered(db, roles):
+    """An endpoint the worker disables keeps its last error as the reason, with the start of the
+    receiver's answer, which often repeats the request (Express: "Cannot POST /cap/<token>") and
+    its headers: pg_monitor read the capability URL there (stop 41's probe)."""
+    answer = "<pre>Cannot POST /services/T0/B0/s3cr3t?token=SUPERSECRET</pre> auth=Bearer HDR-SECRET"
+    reason = ("every attempt failed since 2026-12-04 10:00:00+00 (outbox.endpoint_disable_after = 1 day); "
+              f"last error: HTTP 404: {answer}")
+    db.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/services/T0/B0/s3cr3t?token=SUPERSECRET', enabled => false)")
+    db.execute("UPDATE outbox_subscription SET disabled_reason = %s", (reason,))
+    seen = {}
+    for role in ("app_monitor", "app_admin"):
+        with connect(user=role, autocommit=True) as conn:
+            seen[role] = conn.execute("SELECT disabled_reason FROM outbox_endpoint_stats()").fetchone()[0]
+    assert seen["app_monitor"] == reason.replace(f": {answer}", ": …")
+    assert seen["app_admin"] == reason
+
+
 def test_a_producer_cannot_read_what_it_did_not_write(db, roles):
     db.execute("SELECT outbox_enqueue('payment.captured', '{\"card\": \"4242\"}')")
     with connect(user="app_producer", autocommit=True) as producer:
