@@ -743,7 +743,11 @@ BEGIN
     -- Judged by where it takes the clock, not by comparing intervals (which count a month as 30
     -- days: '-1 year +361 days' compares as positive but moves the cut-off days ahead).
     called_at := clock_timestamp();
-    cutoff := called_at - older_than;
+    BEGIN
+        cutoff := called_at - older_than;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        cutoff := '-infinity';  -- before 4713 BC, where timestamps begin: nothing is that old
+    END;
     IF cutoff > called_at THEN
         RAISE EXCEPTION 'outbox_purge: older_than must not be negative, got %', older_than
             USING ERRCODE = 'invalid_parameter_value';
@@ -757,6 +761,9 @@ BEGIN
     IF max_rows < 1 OR max_rows > 1000000 THEN
         RAISE EXCEPTION 'outbox_purge: max_rows must be between 1 and 1000000, got %', max_rows
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cutoff = '-infinity' THEN
+        RETURN 0;
     END IF;
 
     -- What is still in outbox itself (dead letters, DONE messages not moved to the history yet,

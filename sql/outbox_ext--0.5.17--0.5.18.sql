@@ -68,6 +68,18 @@ $keep_grants$;
 -- ======== sql/schema.sql, what is new in 0.5.18 ========
 -- ======== new in 0.5.18 (scripts/make-upgrade-script.sh copies from here to the end) ========
 
+-- An endpoint's timeout is sent as seconds (EXTRACT(epoch …): a year as 365.25 days) but was
+-- checked as an interval (a year as 360 days): '-1 year 360 days 5 seconds' passed as 5 seconds
+-- and the worker waited no time at all. Both readings must be within bounds; a timeout stored
+-- before that is brought within them, as the worker bounded it.
+UPDATE outbox_subscription
+   SET timeout = pg_catalog.make_interval(secs => LEAST(GREATEST(EXTRACT(epoch FROM timeout), 0.1), 600.0)::pg_catalog.float8)
+ WHERE EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.<) 0.1 OR EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.>) 600.0;
+ALTER TABLE outbox_subscription DROP CONSTRAINT outbox_subscription_timeout_check;
+ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_timeout_check CHECK (
+    timeout OPERATOR(pg_catalog.>=) interval '100 milliseconds' AND timeout OPERATOR(pg_catalog.<=) interval '10 minutes'
+    AND EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.>=) 0.1 AND EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.<=) 600.0);
+
 -- ======== sql/helpers.sql ========
 -- Checks written in Rust (src/topic.rs, src/subscriptions.rs) that the schema and the SQL
 -- functions use. C functions, so that they read text in any database encoding. Not for
@@ -274,8 +286,11 @@ BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_subscribe'::text, 'topic'::text, outbox_subscribe.topic::text);
     PERFORM @extschema@.outbox_check_subscription(outbox_subscribe.url::text, outbox_subscribe.secret::text, outbox_subscribe.headers::jsonb);
     PERFORM @extschema@.outbox_check_destination(outbox_subscribe.url::text);
+    -- The worker waits EXTRACT(epoch …) seconds (a year as 365.25 days); intervals compare with
+    -- a year as 360 days: '1 year -360 days 5 seconds' must pass both ways (it is 5 days).
     IF outbox_subscribe.timeout IS NOT NULL
-       AND outbox_subscribe.timeout NOT BETWEEN interval '100 milliseconds' AND interval '10 minutes' THEN
+       AND (outbox_subscribe.timeout NOT BETWEEN interval '100 milliseconds' AND interval '10 minutes'
+            OR EXTRACT(epoch FROM outbox_subscribe.timeout) NOT BETWEEN 0.1 AND 600) THEN
         RAISE EXCEPTION 'outbox_subscribe: timeout must be between 100 milliseconds and 10 minutes, got %', outbox_subscribe.timeout
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -416,7 +431,9 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM @extschema@.outbox_check_interval('outbox_rotate_secret'::text, 'overlap'::text, outbox_rotate_secret.overlap::interval);
-    IF outbox_rotate_secret.overlap < interval '0' THEN
+    -- Judged by where it takes the clock (as every interval argument): compared as an interval,
+    -- '-12 months 361 days' is a day, but it ends the old secret days ago.
+    IF clock_timestamp() + outbox_rotate_secret.overlap < clock_timestamp() THEN
         RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be negative, got %', outbox_rotate_secret.overlap
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1214,7 +1231,11 @@ BEGIN
     -- Judged by where it takes the clock, not by comparing intervals (which count a month as 30
     -- days: '-1 year +361 days' compares as positive but moves the cut-off days ahead).
     called_at := clock_timestamp();
-    cutoff := called_at - older_than;
+    BEGIN
+        cutoff := called_at - older_than;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        cutoff := '-infinity';  -- before 4713 BC, where timestamps begin: nothing is that old
+    END;
     IF cutoff > called_at THEN
         RAISE EXCEPTION 'outbox_purge: older_than must not be negative, got %', older_than
             USING ERRCODE = 'invalid_parameter_value';
@@ -1228,6 +1249,9 @@ BEGIN
     IF max_rows < 1 OR max_rows > 1000000 THEN
         RAISE EXCEPTION 'outbox_purge: max_rows must be between 1 and 1000000, got %', max_rows
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cutoff = '-infinity' THEN
+        RETURN 0;
     END IF;
 
     -- What is still in outbox itself (dead letters, DONE messages not moved to the history yet,

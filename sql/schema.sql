@@ -433,3 +433,15 @@ CREATE EVENT TRIGGER outbox_keep_schema_name ON ddl_command_end
     EXECUTE FUNCTION outbox_keep_schema_name();
 
 -- ======== new in 0.5.18 (scripts/make-upgrade-script.sh copies from here to the end) ========
+
+-- An endpoint's timeout is sent as seconds (EXTRACT(epoch …): a year as 365.25 days) but was
+-- checked as an interval (a year as 360 days): '-1 year 360 days 5 seconds' passed as 5 seconds
+-- and the worker waited no time at all. Both readings must be within bounds; a timeout stored
+-- before that is brought within them, as the worker bounded it.
+UPDATE outbox_subscription
+   SET timeout = pg_catalog.make_interval(secs => LEAST(GREATEST(EXTRACT(epoch FROM timeout), 0.1), 600.0)::pg_catalog.float8)
+ WHERE EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.<) 0.1 OR EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.>) 600.0;
+ALTER TABLE outbox_subscription DROP CONSTRAINT outbox_subscription_timeout_check;
+ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_timeout_check CHECK (
+    timeout OPERATOR(pg_catalog.>=) interval '100 milliseconds' AND timeout OPERATOR(pg_catalog.<=) interval '10 minutes'
+    AND EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.>=) 0.1 AND EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.<=) 600.0);

@@ -24,8 +24,11 @@ BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_subscribe'::text, 'topic'::text, outbox_subscribe.topic::text);
     PERFORM @extschema@.outbox_check_subscription(outbox_subscribe.url::text, outbox_subscribe.secret::text, outbox_subscribe.headers::jsonb);
     PERFORM @extschema@.outbox_check_destination(outbox_subscribe.url::text);
+    -- The worker waits EXTRACT(epoch …) seconds (a year as 365.25 days); intervals compare with
+    -- a year as 360 days: '1 year -360 days 5 seconds' must pass both ways (it is 5 days).
     IF outbox_subscribe.timeout IS NOT NULL
-       AND outbox_subscribe.timeout NOT BETWEEN interval '100 milliseconds' AND interval '10 minutes' THEN
+       AND (outbox_subscribe.timeout NOT BETWEEN interval '100 milliseconds' AND interval '10 minutes'
+            OR EXTRACT(epoch FROM outbox_subscribe.timeout) NOT BETWEEN 0.1 AND 600) THEN
         RAISE EXCEPTION 'outbox_subscribe: timeout must be between 100 milliseconds and 10 minutes, got %', outbox_subscribe.timeout
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -166,7 +169,9 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM @extschema@.outbox_check_interval('outbox_rotate_secret'::text, 'overlap'::text, outbox_rotate_secret.overlap::interval);
-    IF outbox_rotate_secret.overlap < interval '0' THEN
+    -- Judged by where it takes the clock (as every interval argument): compared as an interval,
+    -- '-12 months 361 days' is a day, but it ends the old secret days ago.
+    IF clock_timestamp() + outbox_rotate_secret.overlap < clock_timestamp() THEN
         RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be negative, got %', outbox_rotate_secret.overlap
             USING ERRCODE = 'invalid_parameter_value';
     END IF;

@@ -55,9 +55,31 @@ fn micros_of(value: &Interval) -> i128 {
 /// a delay is added to the clock, which counts a month as its calendar length: compared with
 /// zero (a month as 30 days), '-1 year +361 days' is a day, but the clock goes back four or
 /// five days with it, and a lease of it had run out when it was given.
+///
+/// An interval whose parts agree in sign moves the clock that way, however long its months: it
+/// is judged without the clock, which it could carry before 4713 BC, where timestamps begin
+/// ('-9000 years'). One whose parts disagree is within [`MAX_YEARS`] (checked first) of a small
+/// move, and the clock can take it.
 pub fn moves_clock(value: &Interval) -> Ordering {
+    if let Some(direction) = one_direction(value.months(), value.days(), value.micros()) {
+        return direction;
+    }
     let now = pgrx::datum::clock_timestamp();
     (now + *value).into_inner().cmp(&now.into_inner())
+}
+
+/// The way an interval of these parts moves the clock when its parts agree (zero parts agree
+/// with anything); `None` when they disagree.
+fn one_direction(months: i32, days: i32, micros: i64) -> Option<Ordering> {
+    let signs = [months.signum(), days.signum(), micros.signum() as i32];
+    let ahead = signs.iter().any(|&s| s > 0);
+    let back = signs.iter().any(|&s| s < 0);
+    match (ahead, back) {
+        (true, true) => None,
+        (true, false) => Some(Ordering::Greater),
+        (false, true) => Some(Ordering::Less),
+        (false, false) => Some(Ordering::Equal),
+    }
 }
 
 /// The interval as a duration; `None` when it is negative.
@@ -83,6 +105,16 @@ pub fn shown(value: &Interval) -> String {
 mod unit_tests {
     use super::*;
     use std::cmp::Ordering::*;
+
+    #[test]
+    fn an_interval_whose_parts_agree_moves_the_clock_their_way_without_it() {
+        assert_eq!(one_direction(-9_000 * 12, 0, 0), Some(Less));
+        assert_eq!(one_direction(0, -3, -1), Some(Less));
+        assert_eq!(one_direction(120_000, 0, 5), Some(Greater));
+        assert_eq!(one_direction(0, 0, 0), Some(Equal));
+        assert_eq!(one_direction(-12, 361, 0), None);
+        assert_eq!(one_direction(1, 0, -1), None);
+    }
 
     #[test]
     fn reaches_ten_thousand_years_at_most() {

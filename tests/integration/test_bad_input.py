@@ -87,6 +87,19 @@ CASES = [
     ("outbox_claim(10, NULL, interval '1000000 years')", INVALID, "lease"),
     ("outbox_fail(1, 'boom', NULL, interval '1000000 years')", INVALID, "retry_in"),
     ("outbox_purge(interval '1000000 years')", INVALID, "older_than"),
+    # Back further than timestamps go (4713 BC): PostgreSQL's 22008 before 0.5.18 (stop 41's probe).
+    ("outbox_enqueue('booking.created', '{}', interval '-9000 years')", INVALID, "delay"),
+    ("outbox_enqueue_batch('booking.created', ARRAY['{}'::jsonb], interval '-9000 years')", INVALID, "delay"),
+    ("outbox_claim(10, NULL, interval '-9000 years')", INVALID, "lease"),
+    ("outbox_fail(1, 'boom', NULL, interval '-9000 years')", INVALID, "retry_in"),
+    # A timeout is sent as seconds (a year as 365.25 days), but was compared as an interval (a
+    # year as 360 days): these passed as 5 seconds and became -5 days (every attempt timed out
+    # at once) and 5 days (beyond the 10 minutes allowed).
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', timeout => interval '-1 year 360 days 5 seconds')", INVALID, "timeout"),
+    ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', timeout => interval '1 year -360 days 5 seconds')", INVALID, "timeout"),
+    # Judged by where it takes the clock (compared as an interval it passed, and ended the old
+    # secret days ago).
+    ("outbox_rotate_secret(outbox_subscribe('t.x', 'https://hooks.example.test/'), overlap => interval '-12 months 361 days')", INVALID, "overlap"),
 ]
 
 
@@ -148,6 +161,9 @@ def test_intervals_reach_ten_thousand_years_and_no_further(db):
     out, a message never due, an old secret never retired (found by stop 40's probe)."""
     db.execute("SELECT outbox_enqueue('booking.created', '{}', interval '10000 years')")
     db.execute("SELECT outbox_claim(10, NULL, interval '10000 years')")
+    # Nothing finished before 4713 BC, where timestamps begin: there is nothing to purge (22008
+    # before 0.5.18).
+    assert db.execute("SELECT outbox_purge(interval '7000 years'), outbox_purge(interval '10000 years')").fetchone() == (0, 0)
     subscription = db.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', "
                               "secret => outbox_generate_secret())").fetchone()[0]
     unsigned = db.execute("SELECT outbox_subscribe('booking.created', 'https://other.example.test/')").fetchone()[0]

@@ -193,10 +193,13 @@ def plant_look_alikes(conn, schema, catalog=None):
         (sorted(words),),
     ).fetchall()
     planted = 0
+    own = {(name, types) for name, *_, extensions_own, types in functions if extensions_own}
     for name, arguments, returns, kind, nargs, returns_set, extensions_own, types in functions:
         signatures = set() if catalog and extensions_own else {arguments}
         if name.startswith("outbox_") and nargs > 0:
-            signatures |= {", ".join(["text"] * nargs), ", ".join(["character varying"] * nargs)} - {types}
+            signatures |= {", ".join(["text"] * nargs), ", ".join(["character varying"] * nargs)}
+            if catalog:  # an overload of the extension's own (outbox_requeue(text) for (bigint))
+                signatures = {s for s in signatures if (name, s) not in own}
         for signature in signatures:
             if kind == "a":
                 statement = (f"CREATE AGGREGATE {schema}.{name}({signature or '*'}) "
