@@ -1,7 +1,8 @@
--- Topics with ready messages but no subscription. Judged against outbox_subscription in this
--- statement's snapshot, not against the subscriptions the worker read a moment before: one
--- committed in between, with messages of its topic, is not reported. Bounded: it looks at no
--- more than 10,000 pending rows.
+-- Topics with ready messages but no subscription, in a database that has subscriptions (one
+-- without any is used by SQL consumers alone: nothing to warn about). Judged against
+-- outbox_subscription in this statement's snapshot, not against the subscriptions the worker
+-- read a moment before: one committed in between, with messages of its topic, is not reported.
+-- Bounded: it looks at no more than 10,000 pending rows.
 SELECT p.topic::pg_catalog.text, pg_catalog.count(*)
   FROM (SELECT o.topic
           FROM ONLY @extschema@.outbox o
@@ -10,6 +11,7 @@ SELECT p.topic::pg_catalog.text, pg_catalog.count(*)
            AND NOT EXISTS (SELECT FROM @extschema@.outbox_subscription s
                             WHERE s.topic OPERATOR(pg_catalog.=) o.topic)
          LIMIT 10000) p
+ WHERE EXISTS (SELECT FROM @extschema@.outbox_subscription)
  GROUP BY p.topic
  ORDER BY pg_catalog.count(*) DESC, p.topic
  LIMIT 10

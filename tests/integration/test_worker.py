@@ -206,6 +206,22 @@ def test_a_topic_nobody_subscribes_to_stays_pending_and_is_reported(worker, rece
     assert "WARNING" in line and "topics with subscriptions: booking.created" in line, line
 
 
+def test_a_database_only_sql_consumers_use_gets_no_warning_about_its_topics(worker, receiver):
+    """With the library preloaded, a database without a single subscription got a WARNING every
+    minute for each of its topics, though SQL consumers take them (stop 41's docs probe)."""
+    worker.execute("DELETE FROM outbox_subscription")
+    topic = f"sql.only.{uuid.uuid4().hex[:8]}"
+    enqueue(worker, topic=topic)
+    worker.execute("SELECT outbox_wake_worker_at_commit()")
+    time.sleep(7)  # the check for unsubscribed topics runs at most every 5 s
+    log = pathlib.Path(os.environ["OUTBOX_TEST_SERVER_LOG"])
+    warning = f'no subscription for topic "{topic}"'
+    assert warning not in log.read_text(errors="replace")
+    # Once the database delivers webhooks, a topic without a subscription may be a mistake.
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    eventually(lambda: warning in log.read_text(errors="replace"), timeout=15, what="the worker's warning")
+
+
 def test_a_topic_subscribed_while_the_worker_reads_the_subscriptions_is_not_reported(worker, receiver):
     """The worker read the subscriptions with one snapshot and looked for topics nobody
     subscribes to with a later one: a subscription committed in between, with a message of its
