@@ -80,6 +80,14 @@ ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_timeout_check
     timeout OPERATOR(pg_catalog.>=) interval '100 milliseconds' AND timeout OPERATOR(pg_catalog.<=) interval '10 minutes'
     AND EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.>=) 0.1 AND EXTRACT(epoch FROM timeout) OPERATOR(pg_catalog.<=) 600.0);
 
+-- The other CHECKs made before 0.5.18 resolved `rate_limit > 0` and outbox_topic_is_valid(varchar)
+-- on the install's search_path, where a look-alike the schema's owner planted first would win and
+-- be kept: made again, naming pg_catalog's operator and the extension's function exactly.
+ALTER TABLE outbox_subscription DROP CONSTRAINT outbox_subscription_topic_check;
+ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_topic_check CHECK (outbox_topic_is_valid(topic::text));
+ALTER TABLE outbox_subscription DROP CONSTRAINT outbox_subscription_rate_limit_check;
+ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_rate_limit_check CHECK (rate_limit OPERATOR(pg_catalog.>) 0);
+
 -- ======== sql/helpers.sql ========
 -- Checks written in Rust (src/topic.rs, src/subscriptions.rs) that the schema and the SQL
 -- functions use. C functions, so that they read text in any database encoding. Not for
