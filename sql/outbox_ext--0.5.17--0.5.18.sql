@@ -432,6 +432,7 @@ AS $$
 DECLARE
     subscription  @extschema@.outbox_subscription;
     chosen_secret text := coalesce(outbox_rotate_secret.new_secret, @extschema@.outbox_generate_secret());
+    called_at     timestamptz;
 BEGIN
     subscription := @extschema@.outbox_subscription_for_update('outbox_rotate_secret'::text, 'subscription_id'::text, outbox_rotate_secret.subscription_id);
     IF outbox_rotate_secret.overlap IS NULL THEN
@@ -441,7 +442,8 @@ BEGIN
     PERFORM @extschema@.outbox_check_interval('outbox_rotate_secret'::text, 'overlap'::text, outbox_rotate_secret.overlap::interval);
     -- Judged by where it takes the clock (as every interval argument): compared as an interval,
     -- '-12 months 361 days' is a day, but it ends the old secret days ago.
-    IF clock_timestamp() + outbox_rotate_secret.overlap < clock_timestamp() THEN
+    called_at := clock_timestamp();
+    IF called_at + outbox_rotate_secret.overlap < called_at THEN
         RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be negative, got %', outbox_rotate_secret.overlap
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1675,6 +1677,13 @@ GRANT SELECT ON outbox_monitoring TO pg_monitor;
 -- purges old history through outbox_purge; it releases ordering keys through the functions
 -- that hold that rule. Nothing else: no API function, no sequence.
 GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
+-- ... and connects: a database hardened with REVOKE CONNECT … FROM PUBLIC, before or after the
+-- install, would lock it out (FATAL at every try).
+DO $$
+BEGIN
+    EXECUTE pg_catalog.format('GRANT CONNECT ON DATABASE %I TO outbox_worker', pg_catalog.current_database());
+END
+$$;
 GRANT SELECT, UPDATE ON outbox TO outbox_worker;
 GRANT SELECT ON outbox_subscription TO outbox_worker;
 -- ... and marks an endpoint failing, recovered, or disabled after failing too long.

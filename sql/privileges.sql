@@ -187,6 +187,13 @@ GRANT SELECT ON outbox_monitoring TO pg_monitor;
 -- purges old history through outbox_purge; it releases ordering keys through the functions
 -- that hold that rule. Nothing else: no API function, no sequence.
 GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
+-- ... and connects: a database hardened with REVOKE CONNECT … FROM PUBLIC, before or after the
+-- install, would lock it out (FATAL at every try).
+DO $$
+BEGIN
+    EXECUTE pg_catalog.format('GRANT CONNECT ON DATABASE %I TO outbox_worker', pg_catalog.current_database());
+END
+$$;
 GRANT SELECT, UPDATE ON outbox TO outbox_worker;
 GRANT SELECT ON outbox_subscription TO outbox_worker;
 -- ... and marks an endpoint failing, recovered, or disabled after failing too long.

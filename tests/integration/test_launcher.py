@@ -117,6 +117,20 @@ def test_a_role_that_may_not_drop_or_copy_a_database_does_not_stop_its_worker(cl
         admin.execute("DROP ROLE nobody")
 
 
+def test_a_database_closed_to_public_keeps_its_worker(cluster, receiver):
+    """REVOKE CONNECT … FROM PUBLIC, a common hardening step, locked the worker out: FATAL at
+    every try, and nothing delivered (stop 41's probe)."""
+    cluster.create_database("hardened")
+    eventually(lambda: "hardened" in cluster.worker_pids(), what="its worker")
+    with cluster.connect() as admin:
+        admin.execute("REVOKE CONNECT ON DATABASE hardened FROM PUBLIC")
+        offset = cluster.server_log.stat().st_size
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'hardened' "
+                      "AND backend_type = 'outbox_ext delivery worker'")
+    deliver_one(cluster, "hardened", receiver, "a.hardened")
+    assert "FATAL" not in log_since(cluster, offset)
+
+
 def test_a_database_with_a_worker_can_be_renamed_and_used_as_a_template(cluster, receiver):
     cluster.create_database("original")
     eventually(lambda: "original" in cluster.worker_pids(), what="its worker")
