@@ -432,7 +432,8 @@ AS $$
 DECLARE
     subscription  @extschema@.outbox_subscription;
     chosen_secret text := coalesce(outbox_rotate_secret.new_secret, @extschema@.outbox_generate_secret());
-    called_at     timestamptz;
+    called_at        timestamptz;
+    old_secret_until timestamptz;
 BEGIN
     subscription := @extschema@.outbox_subscription_for_update('outbox_rotate_secret'::text, 'subscription_id'::text, outbox_rotate_secret.subscription_id);
     IF outbox_rotate_secret.overlap IS NULL THEN
@@ -443,16 +444,21 @@ BEGIN
     -- Judged by where it takes the clock (as every interval argument): compared as an interval,
     -- '-12 months 361 days' is a day, but it ends the old secret days ago.
     called_at := clock_timestamp();
-    IF called_at + outbox_rotate_secret.overlap < called_at THEN
+    BEGIN
+        old_secret_until := called_at + outbox_rotate_secret.overlap;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        old_secret_until := '-infinity';  -- before 4713 BC: negative
+    END;
+    IF old_secret_until < called_at THEN
         RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be negative, got %', outbox_rotate_secret.overlap
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@.outbox_check_new_secret(chosen_secret);
     UPDATE @extschema@.outbox_subscription s
        SET secret = chosen_secret,
-           previous_secret = CASE WHEN outbox_rotate_secret.overlap > interval '0' THEN subscription.secret END,
-           previous_secret_until = CASE WHEN outbox_rotate_secret.overlap > interval '0' AND subscription.secret IS NOT NULL
-                                        THEN clock_timestamp() + outbox_rotate_secret.overlap END
+           previous_secret = CASE WHEN old_secret_until > called_at THEN subscription.secret END,
+           previous_secret_until = CASE WHEN old_secret_until > called_at AND subscription.secret IS NOT NULL
+                                        THEN old_secret_until END
      WHERE s.id = subscription.id;
     PERFORM @extschema@.outbox_wake_worker_at_commit();
     RETURN chosen_secret;
@@ -1506,13 +1512,16 @@ AS 'MODULE_PATHNAME', 'outbox_worker_status_wrapper';
 -- CREATEROLE, not a superuser, may have made it first, with a password it knows or with itself
 -- as the role's admin (PostgreSQL 16 and later make a role's creator so), to be given the
 -- extension's rights (the subscriptions' secrets) once a superuser creates the extension.
--- Refuse what the extension never makes: a password, a login (but the worker's, before 17),
+-- Refuse what the extension never makes: a password, a login (but the worker's: see below),
 -- objects it owns (a SECURITY DEFINER function of its runs with its rights), an admin who is
 -- not a superuser, a member of the worker's role.
 DO $$
 DECLARE
     existing record;
     holder name;
+    -- A login or objects are refused only at a first install (no message ever enqueued): in an
+    -- installation in use they may be an administrator's choice, which an update must not break.
+    first_install boolean := NOT (SELECT q.is_called FROM @extschema@.outbox_id_seq q);
 BEGIN
     FOR existing IN
         SELECT a.oid, a.rolname, a.rolpassword IS NOT NULL AS has_password, a.rolcanlogin
@@ -1526,7 +1535,9 @@ BEGIN
                       DETAIL = 'outbox_ext makes its roles without one. A role with CREATEROLE may have made it first, to be given the extension''s rights.',
                       HINT = pg_catalog.format('If you gave it the password, ALTER ROLE %I PASSWORD NULL; if not, DROP ROLE %I. Then try again.', existing.rolname, existing.rolname);
         END IF;
-        IF existing.rolcanlogin AND existing.rolname OPERATOR(pg_catalog.<>) 'outbox_worker' THEN
+        -- (The worker's role logs in before 17, where a background worker needs LOGIN, and
+        -- keeps it through pg_upgrade.)
+        IF first_install AND existing.rolcanlogin AND existing.rolname OPERATOR(pg_catalog.<>) 'outbox_worker' THEN
             RAISE EXCEPTION 'outbox_ext: role % already exists, and may log in', existing.rolname
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       DETAIL = 'outbox_ext makes its roles NOLOGIN: grant them to your roles. Without a password a role may still log in where pg_hba.conf does not ask for one.',
@@ -1541,7 +1552,7 @@ BEGIN
            AND d.deptype OPERATOR(pg_catalog.=) 'o'
          ORDER BY 1
          LIMIT 1;
-        IF FOUND THEN
+        IF FOUND AND first_install THEN
             RAISE EXCEPTION 'outbox_ext: role % already exists, and owns objects (database %)', existing.rolname, holder
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       DETAIL = 'outbox_ext''s roles own nothing. A role with CREATEROLE may have made it first and given it a function, which would run with the extension''s rights.',

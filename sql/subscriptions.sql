@@ -162,7 +162,8 @@ AS $$
 DECLARE
     subscription  @extschema@.outbox_subscription;
     chosen_secret text := coalesce(outbox_rotate_secret.new_secret, @extschema@.outbox_generate_secret());
-    called_at     timestamptz;
+    called_at        timestamptz;
+    old_secret_until timestamptz;
 BEGIN
     subscription := @extschema@.outbox_subscription_for_update('outbox_rotate_secret'::text, 'subscription_id'::text, outbox_rotate_secret.subscription_id);
     IF outbox_rotate_secret.overlap IS NULL THEN
@@ -173,16 +174,21 @@ BEGIN
     -- Judged by where it takes the clock (as every interval argument): compared as an interval,
     -- '-12 months 361 days' is a day, but it ends the old secret days ago.
     called_at := clock_timestamp();
-    IF called_at + outbox_rotate_secret.overlap < called_at THEN
+    BEGIN
+        old_secret_until := called_at + outbox_rotate_secret.overlap;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        old_secret_until := '-infinity';  -- before 4713 BC: negative
+    END;
+    IF old_secret_until < called_at THEN
         RAISE EXCEPTION 'outbox_rotate_secret: overlap must not be negative, got %', outbox_rotate_secret.overlap
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@.outbox_check_new_secret(chosen_secret);
     UPDATE @extschema@.outbox_subscription s
        SET secret = chosen_secret,
-           previous_secret = CASE WHEN outbox_rotate_secret.overlap > interval '0' THEN subscription.secret END,
-           previous_secret_until = CASE WHEN outbox_rotate_secret.overlap > interval '0' AND subscription.secret IS NOT NULL
-                                        THEN clock_timestamp() + outbox_rotate_secret.overlap END
+           previous_secret = CASE WHEN old_secret_until > called_at THEN subscription.secret END,
+           previous_secret_until = CASE WHEN old_secret_until > called_at AND subscription.secret IS NOT NULL
+                                        THEN old_secret_until END
      WHERE s.id = subscription.id;
     PERFORM @extschema@.outbox_wake_worker_at_commit();
     RETURN chosen_secret;

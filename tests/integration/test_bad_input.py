@@ -100,6 +100,7 @@ CASES = [
     # Judged by where it takes the clock (compared as an interval it passed, and ended the old
     # secret days ago).
     ("outbox_rotate_secret(outbox_subscribe('t.x', 'https://hooks.example.test/'), overlap => interval '-12 months 361 days')", INVALID, "overlap"),
+    ("outbox_rotate_secret(outbox_subscribe('t.x', 'https://hooks.example.test/'), overlap => interval '-9000 years')", INVALID, "overlap"),
 ]
 
 
@@ -152,6 +153,18 @@ def test_an_interval_above_zero_that_moves_the_clock_back_is_refused(db, call, a
         db.execute(f"SELECT * FROM {call}")
     assert caught.value.sqlstate == INVALID
     assert argument in caught.value.diag.message_primary
+
+
+def test_an_overlap_that_moves_the_clock_ahead_keeps_the_old_secret(db):
+    """'12 months -361 days' moves the clock 4 or 5 days ahead, though it compares below zero
+    (a month as 30 days): the old secret was dropped at once (stop 41's review)."""
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', 'https://hooks.example.test/', "
+                              "secret => outbox_generate_secret())").fetchone()[0]
+    old = db.execute("SELECT secret FROM outbox_subscription WHERE id = %s", (subscription,)).fetchone()[0]
+    db.execute("SELECT outbox_rotate_secret(%s, overlap => interval '12 months -361 days')", (subscription,))
+    kept, until = db.execute("SELECT previous_secret, previous_secret_until - now() FROM outbox_subscription "
+                             "WHERE id = %s", (subscription,)).fetchone()
+    assert kept == old and until.days >= 3
 
 
 def test_intervals_reach_ten_thousand_years_and_no_further(db):
