@@ -1742,18 +1742,15 @@ BEGIN
             acl := (SELECT p.proacl FROM pg_catalog.pg_proc p
                      WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(saved OPERATOR(pg_catalog.->>) 1));
         ELSIF saved OPERATOR(pg_catalog.->>) 0 OPERATOR(pg_catalog.=) 'COLUMN' THEN
-            acl := (SELECT a.attacl FROM pg_catalog.pg_attribute a
-                     WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1)
-                       AND a.attname OPERATOR(pg_catalog.=) (saved OPERATOR(pg_catalog.->>) 5)
-                       AND NOT a.attisdropped);
-            still_there := EXISTS (SELECT FROM pg_catalog.pg_attribute a
-                                    WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1)
-                                      AND a.attname OPERATOR(pg_catalog.=) (saved OPERATOR(pg_catalog.->>) 5)
-                                      AND NOT a.attisdropped);
+            SELECT a.attacl INTO acl FROM pg_catalog.pg_attribute a
+             WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1)
+               AND a.attname OPERATOR(pg_catalog.=) (saved OPERATOR(pg_catalog.->>) 5)
+               AND NOT a.attisdropped;
+            still_there := FOUND;
         ELSE
-            still_there := pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1) IS NOT NULL;
-            acl := (SELECT c.relacl FROM pg_catalog.pg_class c
-                     WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1));
+            SELECT c.relacl INTO acl FROM pg_catalog.pg_class c
+             WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(saved OPERATOR(pg_catalog.->>) 1);
+            still_there := FOUND;
         END IF;
         IF still_there AND NOT EXISTS (
                SELECT FROM pg_catalog.aclexplode(acl) a

@@ -134,6 +134,12 @@ pub fn schema_of_function(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
     unsafe { pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid) }
 }
 
+/// The oid of the table `outbox` in the extension's `schema` (InvalidOid when it is not there).
+pub fn outbox_relation(schema: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: a catalog lookup by name in a namespace, in a transaction.
+    unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), schema) }
+}
+
 static EXTENSION_VERSION: Statement = Statement::new(include_str!("extension_version.sql"), &[]);
 
 thread_local! {
@@ -159,8 +165,7 @@ pub fn version_matches() -> bool {
         if let Some((version, schema)) = installed_version() {
             if version == env!("CARGO_PKG_VERSION") {
                 forget_the_version_when_it_may_change();
-                // SAFETY: a catalog lookup by name in the extension's schema.
-                VERSION_MATCHED_FOR.set(Some(unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), schema) }));
+                VERSION_MATCHED_FOR.set(Some(outbox_relation(schema)));
             }
         }
     }

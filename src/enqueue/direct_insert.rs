@@ -142,7 +142,7 @@ struct OpenTable {
 impl OpenTable {
     /// `schema.outbox` and its indexes. `None` when the table has triggers or row-level security.
     unsafe fn open(schema: pg_sys::Oid) -> Option<OpenTable> {
-        let relation_id = pg_sys::get_relname_relid(c"outbox".as_ptr(), schema);
+        let relation_id = crate::spi::outbox_relation(schema);
         let relation = pg_sys::table_open(relation_id, pg_sys::RowExclusiveLock as i32);
         if !(*relation).trigdesc.is_null() || (*(*relation).rd_rel).relrowsecurity {
             pg_sys::table_close(relation, pg_sys::NoLock as i32);

@@ -74,9 +74,7 @@ pub fn hold_key_in_read_committed(schema: pg_sys::Oid, key: pg_sys::Datum) -> bo
 /// a statement must not name the schema inside a literal, where a schema renamed to a name with
 /// a quote would end the literal.
 fn key_lock_space(schema: pg_sys::Oid) -> i32 {
-    // SAFETY: a catalog lookup by name in the extension's schema.
-    let outbox = unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), schema) };
-    u32::from(outbox) as i32
+    u32::from(crate::spi::outbox_relation(schema)) as i32
 }
 
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
