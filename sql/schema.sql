@@ -432,7 +432,7 @@ CREATE EVENT TRIGGER outbox_keep_schema_name ON ddl_command_end
     WHEN TAG IN ('ALTER SCHEMA')
     EXECUTE FUNCTION outbox_keep_schema_name();
 
--- ======== new in 0.5.18 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.18 ========
 
 -- An endpoint's timeout is sent as seconds (EXTRACT(epoch …): a year as 365.25 days) but was
 -- checked as an interval (a year as 360 days): '-1 year 360 days 5 seconds' passed as 5 seconds
@@ -453,3 +453,5 @@ ALTER TABLE outbox_subscription DROP CONSTRAINT outbox_subscription_topic_check;
 ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_topic_check CHECK (outbox_topic_is_valid(topic::text));
 ALTER TABLE outbox_subscription DROP CONSTRAINT outbox_subscription_rate_limit_check;
 ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_rate_limit_check CHECK (rate_limit OPERATOR(pg_catalog.>) 0);
+
+-- ======== new in 0.5.19 (scripts/make-upgrade-script.sh copies from here to the end) ========
