@@ -1,15 +1,21 @@
 //! Deliver, the worker's second step: requests in flight. A pool of helper threads sends the
 //! claimed deliveries over HTTP, each request on its own (one slow endpoint holds only the
-//! threads of its own requests). The threads never call into PostgreSQL: they hand each
-//! answer back through a channel and wake the main thread through a socket it waits on beside
-//! its latch.
+//! threads of its own requests). After a success, a thread sends the endpoint's next queued
+//! delivery in the same slot when the main thread allows it (queue.rs). The threads never call
+//! into PostgreSQL: they hand each answer back through a channel and wake the main thread
+//! through a socket it waits on beside its latch (once for the answers it has not yet taken:
+//! it takes them all at once).
 
 use super::claim::Claimed;
+use super::queue::EndpointQueue;
 use crate::webhook::{self, AllowedNetworks, Answer, Endpoint, Message};
 use nix::sys::signal::{SigSet, SigmaskHow};
 use std::io::{Read, Write};
+#[cfg(test)]
+use std::os::fd::AsFd;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -20,6 +26,8 @@ struct Job {
     subscription_id: i64,
     endpoint: Arc<Endpoint>,
     message: Arc<Message>,
+    /// Where the next delivery to the endpoint waits.
+    queue: Arc<EndpointQueue>,
 }
 
 /// One request made.
@@ -32,6 +40,9 @@ pub struct Finished {
     pub answer: Answer,
     /// The payload's size, released from the pool's byte count.
     body_bytes: usize,
+    /// The thread went on with the endpoint's next queued delivery, in the same slot: its
+    /// payload's size and when it gives up at the latest.
+    pub continued_with: Option<(usize, Instant)>,
 }
 
 pub struct Pool {
@@ -42,6 +53,8 @@ pub struct Pool {
     /// writing end, so it stays theirs until the last one is gone.)
     wake_reader: UnixStream,
     wake_writer: Arc<UnixStream>,
+    /// Answers sent and not yet taken by the main thread: only the first writes a wake-up.
+    untaken: Arc<AtomicUsize>,
     threads: Vec<std::thread::JoinHandle<()>>,
     /// What a new helper thread needs: the shared queue, the way back, the HTTP client.
     queue: Arc<Mutex<Receiver<Job>>>,
@@ -71,6 +84,7 @@ impl Pool {
             results,
             wake_reader,
             wake_writer: Arc::new(wake_writer),
+            untaken: Arc::default(),
             threads: Vec::new(),
             queue,
             answers,
@@ -88,9 +102,10 @@ impl Pool {
     /// could run out before it is sent.
     pub fn grow_to(&mut self, threads: usize) {
         while self.threads.len() < threads {
-            let (queue, answers, agent, wake) =
-                (Arc::clone(&self.queue), self.answers.clone(), self.agent.clone(), Arc::clone(&self.wake_writer));
-            self.threads.push(spawn_with_signals_blocked(move || helper(queue, answers, agent, wake)));
+            let way_back =
+                WayBack { answers: self.answers.clone(), wake: Arc::clone(&self.wake_writer), untaken: Arc::clone(&self.untaken) };
+            let (queue, agent) = (Arc::clone(&self.queue), self.agent.clone());
+            self.threads.push(spawn_with_signals_blocked(move || helper(queue, way_back, agent)));
         }
     }
 
@@ -107,29 +122,43 @@ impl Pool {
     }
 
     /// Hands `claimed` deliveries to the helper threads.
-    pub fn send(&mut self, claimed: Vec<Claimed>, endpoint_of: impl Fn(i64) -> Arc<Endpoint>) {
+    pub fn send(&mut self, claimed: Vec<Claimed>, endpoint_of: impl Fn(i64) -> (Arc<Endpoint>, Arc<EndpointQueue>)) {
         let jobs = self.jobs.as_ref().expect("the pool is running");
         for delivery in claimed {
-            let endpoint = endpoint_of(delivery.subscription_id);
+            let (endpoint, queue) = endpoint_of(delivery.subscription_id);
             let deadline = Instant::now() + endpoint.timeout;
             self.latest_deadline = Some(self.latest_deadline.map_or(deadline, |d| d.max(deadline)));
             self.in_flight += 1;
             self.bytes_in_flight += delivery.message.body.len();
-            let job =
-                Job { message_id: delivery.message_id, subscription_id: delivery.subscription_id, endpoint, message: delivery.message };
+            let job = Job {
+                message_id: delivery.message_id,
+                subscription_id: delivery.subscription_id,
+                endpoint,
+                message: delivery.message,
+                queue,
+            };
             jobs.send(job).expect("the helper threads are running");
         }
     }
 
     /// The answers that have come back since the last call (never waits).
     pub fn take_finished(&mut self) -> Vec<Finished> {
-        // Empty the wake-up socket (non-blocking: stops at WouldBlock).
+        // Empty the wake-up socket (non-blocking: stops at WouldBlock); then the next answer
+        // sent writes a wake-up again (those sent before are taken below). In the other order,
+        // a wake-up written in between would be read here and the next answer would write none.
         let mut bytes = [0u8; 256];
         while matches!((&self.wake_reader).read(&mut bytes), Ok(n) if n > 0) {}
+        self.untaken.store(0, Ordering::SeqCst);
         let finished: Vec<Finished> = self.results.try_iter().collect();
         for done in &finished {
-            self.in_flight -= 1;
             self.bytes_in_flight = self.bytes_in_flight.saturating_sub(done.body_bytes);
+            match done.continued_with {
+                Some((bytes, deadline)) => {
+                    self.bytes_in_flight += bytes;
+                    self.latest_deadline = Some(self.latest_deadline.map_or(deadline, |d| d.max(deadline)));
+                }
+                None => self.in_flight -= 1,
+            }
         }
         if self.in_flight == 0 {
             self.latest_deadline = None;
@@ -148,31 +177,71 @@ impl Drop for Pool {
     }
 }
 
-fn helper(queue: Arc<Mutex<Receiver<Job>>>, answers: Sender<Finished>, agent: ureq::Agent, wake: Arc<UnixStream>) {
+/// How a helper thread hands an answer back and wakes the main thread.
+struct WayBack {
+    answers: Sender<Finished>,
+    wake: Arc<UnixStream>,
+    untaken: Arc<AtomicUsize>,
+}
+
+impl WayBack {
+    /// Whether the main thread is still there to take it.
+    fn answer(&self, finished: Finished) -> bool {
+        if self.answers.send(finished).is_err() {
+            return false;
+        }
+        // The first answer the main thread has not taken wakes it; it takes the later ones
+        // with it. A full socket (WouldBlock) has woken it already; a closed one means it has
+        // left.
+        if self.untaken.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _ = (&*self.wake).write(&[1]);
+        }
+        true
+    }
+}
+
+fn helper(queue: Arc<Mutex<Receiver<Job>>>, way_back: WayBack, agent: ureq::Agent) {
     loop {
         // One job at a time per thread; the lock is held only to take it.
-        let job = match queue.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+        let mut job = match queue.lock().unwrap_or_else(|e| e.into_inner()).recv() {
             Ok(job) => job,
             Err(_) => return, // the pool is gone
         };
-        let started_at = SystemTime::now();
-        let clock = Instant::now();
-        let answer = webhook::send(&agent, &job.endpoint, &job.message);
-        let finished = Finished {
-            message_id: job.message_id,
-            subscription_id: job.subscription_id,
-            attempt: job.message.attempt,
-            started_at,
-            duration: clock.elapsed(),
-            answer,
-            body_bytes: job.message.body.len(),
-        };
-        if answers.send(finished).is_err() {
-            return;
+        loop {
+            let started_at = SystemTime::now();
+            let clock = Instant::now();
+            let answer = webhook::send(&agent, &job.endpoint, &job.message);
+            let duration = clock.elapsed();
+            // After a success, the endpoint's next delivery goes out in this slot, if allowed.
+            let next = match answer.outcome {
+                webhook::Outcome::Delivered => job.queue.next_after_success(Instant::now()),
+                webhook::Outcome::Failed { .. } => None,
+            }
+            .map(|queued| Job {
+                message_id: queued.delivery.message_id,
+                subscription_id: queued.delivery.subscription_id,
+                endpoint: job.queue.endpoint(),
+                message: queued.delivery.message,
+                queue: Arc::clone(&job.queue),
+            });
+            let finished = Finished {
+                message_id: job.message_id,
+                subscription_id: job.subscription_id,
+                attempt: job.message.attempt,
+                started_at,
+                duration,
+                answer,
+                body_bytes: job.message.body.len(),
+                continued_with: next.as_ref().map(|next| (next.message.body.len(), Instant::now() + next.endpoint.timeout)),
+            };
+            if !way_back.answer(finished) {
+                return;
+            }
+            match next {
+                Some(next) => job = next,
+                None => break,
+            }
         }
-        // A full socket (WouldBlock) has woken the main thread already; a closed one means it
-        // has left.
-        let _ = (&*wake).write(&[1]);
     }
 }
 
@@ -189,7 +258,140 @@ pub fn spawn_with_signals_blocked<F: FnOnce() + Send + 'static>(body: F) -> std:
 #[cfg(test)]
 mod unit_tests {
     use super::*;
+    use crate::worker::queue::Queued;
     use nix::sys::signal::Signal;
+    use std::io::BufRead;
+    use std::net::TcpListener;
+    use std::sync::RwLock;
+
+    /// A receiver on 127.0.0.1 that answers each request on a kept-alive connection with the
+    /// status `answer` gives for its webhook-id, and tells the test the ids in arrival order.
+    fn receiver(answer: fn(&str) -> u16) -> (String, Receiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let (arrived, arrivals) = channel();
+        std::thread::spawn(move || {
+            for connection in listener.incoming() {
+                let arrived = arrived.clone();
+                std::thread::spawn(move || {
+                    let mut connection = std::io::BufReader::new(connection.unwrap());
+                    loop {
+                        let (mut id, mut length, mut line) = (String::new(), 0, String::new());
+                        loop {
+                            line.clear();
+                            if connection.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let lower = line.to_ascii_lowercase();
+                            if let Some(value) = lower.strip_prefix("webhook-id:") {
+                                id = value.trim().to_string();
+                            } else if let Some(value) = lower.strip_prefix("content-length:") {
+                                length = value.trim().parse().unwrap();
+                            } else if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        connection.read_exact(&mut body).unwrap();
+                        let status = answer(&id);
+                        let _ = arrived.send(id);
+                        let reply = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+                        connection.get_mut().write_all(reply.as_bytes()).unwrap();
+                    }
+                });
+            }
+        });
+        (url, arrivals)
+    }
+
+    fn endpoint(url: &str) -> Arc<Endpoint> {
+        Arc::new(Endpoint { url: url.into(), signing_key: None, previous_key: None, headers: vec![], timeout: Duration::from_secs(5) })
+    }
+
+    fn delivery(id: i64) -> Claimed {
+        let message = Message { public_id: format!("m{id}"), topic: "t".into(), body: b"{}".to_vec(), attempt: 1, headers: vec![] };
+        Claimed { message_id: id, subscription_id: 1, message: Arc::new(message) }
+    }
+
+    fn loopback_pool(threads: usize) -> Pool {
+        let allowed = crate::webhook::destination::parse_allowed_networks("127.0.0.0/8").unwrap();
+        Pool::start(threads, Arc::new(RwLock::new(allowed)))
+    }
+
+    /// Waits on the wake-up socket, as the main thread does, until `count` answers are taken;
+    /// fails if a wake-up is missing (an answer sent and none written for it).
+    fn take_answers(pool: &mut Pool, count: usize) -> Vec<Finished> {
+        let mut taken = Vec::new();
+        while taken.len() < count {
+            let mut poll = [nix::poll::PollFd::new(pool.wake_reader.as_fd(), nix::poll::PollFlags::POLLIN)];
+            let ready = nix::poll::poll(&mut poll, nix::poll::PollTimeout::from(5000u16)).unwrap();
+            assert!(ready > 0, "no wake-up for the answers after {} of {count}", taken.len());
+            taken.extend(pool.take_finished());
+        }
+        taken
+    }
+
+    #[test]
+    fn after_a_success_a_helper_sends_the_next_queued_delivery_in_its_slot_in_order() {
+        let (url, arrivals) = receiver(|_| 200);
+        let mut pool = loopback_pool(1);
+        let queue = EndpointQueue::new(endpoint(&url));
+        let start_by = Instant::now() + Duration::from_secs(60);
+        for id in 2..=20 {
+            queue.push_back(Queued { delivery: delivery(id), start_by });
+        }
+        queue.allow_continuing(true);
+        pool.send(vec![delivery(1)], |_| (endpoint(&url), Arc::clone(&queue)));
+        let answers = take_answers(&mut pool, 20);
+        let ids: Vec<i64> = answers.iter().map(|f| f.message_id).collect();
+        assert_eq!(ids, (1..=20).collect::<Vec<_>>());
+        assert!(answers[..19].iter().all(|f| f.continued_with.is_some()), "each went on with the next");
+        assert!(answers[19].continued_with.is_none(), "the last found the queue empty");
+        assert_eq!(pool.in_flight(), 0, "one slot, given back once");
+        assert_eq!(pool.bytes_in_flight(), 0);
+        let arrived: Vec<String> = arrivals.try_iter().collect();
+        assert_eq!(arrived, (1..=20).map(|id| format!("m{id}")).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_failure_or_the_main_threads_no_stops_a_helper_from_going_on() {
+        let (url, _arrivals) = receiver(|id| if id == "m3" { 503 } else { 200 });
+        let mut pool = loopback_pool(1);
+        let queue = EndpointQueue::new(endpoint(&url));
+        let start_by = Instant::now() + Duration::from_secs(60);
+        for id in 2..=5 {
+            queue.push_back(Queued { delivery: delivery(id), start_by });
+        }
+        queue.allow_continuing(true);
+        pool.send(vec![delivery(1)], |_| (endpoint(&url), Arc::clone(&queue)));
+        let answers = take_answers(&mut pool, 3);
+        assert_eq!(answers.iter().map(|f| f.message_id).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert!(answers[2].continued_with.is_none(), "503: the main thread decides what comes next");
+        assert_eq!(queue.len(), 2);
+        // Not allowed (the endpoint fails, the worker stops, …): one request, then back.
+        queue.allow_continuing(false);
+        pool.send(vec![queue.pop_front().unwrap().delivery], |_| (endpoint(&url), Arc::clone(&queue)));
+        let answers = take_answers(&mut pool, 1);
+        assert!(answers[0].continued_with.is_none());
+        assert_eq!(queue.len(), 1);
+        assert_eq!(pool.in_flight(), 0);
+    }
+
+    #[test]
+    fn every_answer_of_many_helpers_is_taken_after_a_wake_up() {
+        let (url, _arrivals) = receiver(|_| 200);
+        let mut pool = loopback_pool(8);
+        let queue = EndpointQueue::new(endpoint(&url));
+        let start_by = Instant::now() + Duration::from_secs(60);
+        for id in 9..=2000 {
+            queue.push_back(Queued { delivery: delivery(id), start_by });
+        }
+        queue.allow_continuing(true);
+        pool.send((1..=8).map(delivery).collect(), |_| (endpoint(&url), Arc::clone(&queue)));
+        let answers = take_answers(&mut pool, 2000);
+        assert_eq!(answers.len(), 2000);
+        assert_eq!(pool.in_flight(), 0);
+    }
 
     /// Whether `signal` is blocked in the calling thread.
     fn blocked(signal: Signal) -> bool {

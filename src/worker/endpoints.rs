@@ -20,12 +20,13 @@
 //!   it; a queued delivery not started in time is handed back rather than sent late.
 
 use super::claim::Claimed;
+pub use super::queue::{EndpointQueue, Queued};
 use crate::claim::head::QueueHead;
 use crate::spi::{Spi, Statement};
 use crate::webhook::{self, Endpoint};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::{self, BuiltinOid::*};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,13 +48,6 @@ const PREFETCH_ROUNDS: usize = 64;
 pub fn lease_for(timeout: Duration, rounds: usize) -> (Duration, Duration) {
     let rounds = rounds.max(1) as u32;
     (timeout * rounds + LEASE_MARGIN, timeout * (rounds - 1) + LEASE_MARGIN / 2)
-}
-
-/// A leased delivery waiting for its endpoint to have room.
-pub struct Queued {
-    pub delivery: Claimed,
-    /// It starts by then or not at all (see [`lease_for`]).
-    pub start_by: Instant,
 }
 
 /// How many deliveries to lease for one endpoint, with what is already ahead of them (in
@@ -94,8 +88,8 @@ pub struct EndpointState {
     pub due_now: bool,
     /// When its next delivery is due, if known (microseconds since the PostgreSQL epoch).
     pub next_due: Option<pg_sys::TimestampTz>,
-    /// Leased deliveries waiting for room, oldest due first.
-    pub queued: VecDeque<Queued>,
+    /// Leased deliveries waiting for room, oldest due first (shared with the helper threads).
+    pub queued: Arc<EndpointQueue>,
     /// An answer failed since the last step recorded the answers: until the breaker has
     /// looked at it, the endpoint is treated as failing (one request at a time).
     pub failure_unrecorded: bool,
@@ -272,8 +266,11 @@ impl Endpoints {
                 .and_then(|secret| webhook::decode_secret(&secret).ok())
                 .zip(rows.get::<TimestampWithTimeZone>(row, 12).map(|until| crate::backend::to_system_time(until.into_inner())));
             let endpoint = Arc::new(Endpoint { url, signing_key, previous_key, headers: super::claim::pairs(headers), timeout });
-            let (queued, head) =
-                self.by_id.get_mut(&id).map(|k| (std::mem::take(&mut k.queued), std::mem::take(&mut k.head))).unwrap_or_default();
+            let (queued, head) = match self.by_id.get_mut(&id) {
+                Some(known) => (Arc::clone(&known.queued), std::mem::take(&mut known.head)),
+                None => (EndpointQueue::new(Arc::clone(&endpoint)), QueueHead::default()),
+            };
+            queued.set_endpoint(Arc::clone(&endpoint));
             let known = self.by_id.get(&id);
             let (in_flight, due_now, next_due) = known.map_or((0, true, None), |k| (k.in_flight, k.due_now, k.next_due));
             let failure_unrecorded = known.is_some_and(|k| k.failure_unrecorded);
@@ -420,11 +417,27 @@ impl Endpoints {
     /// Empties the queues of endpoints that may not send (disabled, gone) or, with `all`, of
     /// every endpoint (the worker stops or is disabled): their deliveries are handed back.
     pub fn take_unsendable(&mut self, all: bool) -> Vec<Claimed> {
-        self.by_id
-            .values_mut()
-            .filter(|e| all || !e.enabled)
-            .flat_map(|e| std::mem::take(&mut e.queued).into_iter().map(|q| q.delivery))
-            .collect()
+        self.by_id.values_mut().filter(|e| all || !e.enabled).flat_map(|e| e.queued.take_all()).collect()
+    }
+
+    /// Lets the helper threads start an endpoint's next queued delivery as soon as a request to
+    /// it succeeds (see queue.rs), where the endpoint may keep its slot: it is enabled and not
+    /// failing, has no rate limit (whose tokens the main thread counts), is within its share
+    /// of the slots, and the worker is claiming and within `outbox.max_in_flight`. Decided
+    /// again at every turn of the main loop.
+    pub fn allow_continuing(&self, claiming: bool, max_in_flight: usize, total_in_flight: usize) {
+        let share = self.share(max_in_flight);
+        for state in self.by_id.values() {
+            let may_keep_its_slot = state.in_flight <= state.cap(share) && total_in_flight <= max_in_flight;
+            let healthy = state.enabled && !state.failing() && state.rate.is_none();
+            state.queued.allow_continuing(claiming && healthy && may_keep_its_slot);
+        }
+    }
+
+    /// The longest timeout of the endpoints with requests in flight (a request a helper thread
+    /// started just now ends by then).
+    pub fn longest_timeout_in_flight(&self) -> Duration {
+        self.by_id.values().filter(|e| e.in_flight > 0).map(|e| e.endpoint.timeout).max().unwrap_or_default()
     }
 
     /// Whether any delivery is queued.
@@ -441,7 +454,7 @@ impl Endpoints {
 
     /// Payload bytes of the queued deliveries.
     pub fn bytes_queued(&self) -> usize {
-        self.by_id.values().flat_map(|e| &e.queued).map(|q| q.delivery.message.body.len()).sum()
+        self.by_id.values().map(|e| e.queued.bytes()).sum()
     }
 
     /// How long the worker may sleep before an endpoint with work can start a request: zero
@@ -496,6 +509,8 @@ mod unit_tests {
                 headers: vec![],
                 timeout: Duration::from_secs(5),
             });
+            // (A copy: a test changes the endpoint's timeout in place.)
+            let queued = EndpointQueue::new(Arc::new(Endpoint::clone(&endpoint)));
             endpoints.by_id.insert(
                 id,
                 EndpointState {
@@ -509,7 +524,7 @@ mod unit_tests {
                     in_flight,
                     due_now,
                     next_due: None,
-                    queued: VecDeque::new(),
+                    queued,
                     failure_unrecorded: false,
                     head: QueueHead::default(),
                 },
@@ -688,7 +703,7 @@ mod unit_tests {
         all.answers_recorded();
         // A long timeout leases fewer rounds ahead.
         Arc::get_mut(&mut all.by_id.get_mut(&1).unwrap().endpoint).unwrap().timeout = Duration::from_secs(300);
-        all.by_id.get_mut(&1).unwrap().queued.clear();
+        all.by_id.get_mut(&1).unwrap().queued.take_all();
         all.by_id.get_mut(&1).unwrap().in_flight = 0;
         assert_eq!(all.claims(1, 0, 100, now), vec![(1, ClaimSize { count: 1, ahead: 0, per_round: 1, rate_limited: false })]);
     }
@@ -706,6 +721,25 @@ mod unit_tests {
         let (started, late) = all.start_queued(8, 0, now + Duration::from_millis(1));
         assert!(started.is_empty());
         assert_eq!(late.len(), 2, "not sent after its lease's time to start");
+    }
+
+    #[test]
+    fn helpers_go_on_with_a_healthy_endpoint_that_may_keep_its_slot_and_no_other() {
+        let mut all = endpoints(&[(1, 1, true), (2, 1, true), (3, 1, true), (4, 1, true), (5, 0, false)]);
+        all.by_id.get_mut(&2).unwrap().failure_unrecorded = true;
+        all.by_id.get_mut(&3).unwrap().rate = Some(TokenBucket::new(100.0, Instant::now()));
+        all.by_id.get_mut(&4).unwrap().enabled = false;
+        let continuing = |all: &Endpoints| all.by_id.values().map(|e| (e.id, e.queued.continuing())).collect::<Vec<_>>();
+        all.allow_continuing(true, 8, 3);
+        assert_eq!(continuing(&all), vec![(1, true), (2, false), (3, false), (4, false), (5, true)]);
+        all.allow_continuing(false, 8, 3);
+        assert!(continuing(&all).iter().all(|&(_, on)| !on), "the worker stops or is paused");
+        // Over its share (others got work since, or outbox.max_in_flight went down): its slots go back.
+        let all = endpoints(&[(1, 4, true), (2, 0, true), (3, 0, true)]);
+        all.allow_continuing(true, 8, 4);
+        assert_eq!(continuing(&all), vec![(1, false), (2, true), (3, true)]);
+        all.allow_continuing(true, 2, 4);
+        assert!(continuing(&all).iter().all(|&(_, on)| !on), "more in flight than outbox.max_in_flight");
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //!    of the in-flight slots allows, and for a healthy endpoint a few rounds ahead, queued
 //!    (`endpoints.rs`: the queue refills before it runs dry);
 //! 2. **deliver** (`deliver.rs`): outside any transaction, helper threads send them, each
-//!    request on its own, with its endpoint's timeout; as an answer comes back, the next
-//!    queued delivery of an endpoint with room starts, without waiting for a transaction;
+//!    request on its own, with its endpoint's timeout; as a success comes back, the helper
+//!    sends the endpoint's next queued delivery itself (`queue.rs`), and otherwise the main
+//!    thread starts the next queued delivery of an endpoint with room, without waiting for a
+//!    transaction;
 //! 3. **record** (`record.rs`): the answers that came back, in one short transaction with the
 //!    next claim (once a batch of answers is in, within [`RECORD_WITHIN`] of the first, or at
 //!    once when nothing is queued): DONE, retried after the backoff, or DEAD; the attempt log;
@@ -30,6 +32,7 @@ mod endpoints;
 pub mod hooks;
 mod housekeeping;
 pub mod launcher;
+mod queue;
 mod record;
 pub mod registry;
 mod session;
@@ -51,6 +54,7 @@ use housekeeping::Housekeeping;
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys;
 use registry::{ExitReason, WorkerState};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// After a step failed (a lock timeout, a serialization failure, …), wait this long before the
@@ -197,7 +201,10 @@ impl Worker {
             }
             if shutdown_requested() && !self.draining {
                 self.draining = true;
-                let slowest = self.pool.latest_deadline.unwrap_or_else(Instant::now).max(Instant::now());
+                self.endpoints.allow_continuing(false, self.settings.max_in_flight, self.pool.in_flight());
+                // (A request a helper thread went on to a moment ago ends by its timeout.)
+                let just_started = Instant::now() + self.endpoints.longest_timeout_in_flight();
+                let slowest = self.pool.latest_deadline.unwrap_or_else(Instant::now).max(just_started);
                 self.drain_deadline = Some((slowest + DRAIN_GRACE).min(Instant::now() + MAX_DRAIN));
                 self.set_state(WorkerState::Draining);
                 self.retry_at = self.retry_at.map(|at| at.min(Instant::now() + Duration::from_secs(1)));
@@ -286,6 +293,11 @@ impl Worker {
                 }
                 self.housekeeping.purge_if_due(schema, self.settings.retention, stop);
             }
+            self.endpoints.allow_continuing(
+                self.claiming() && !self.waiting_for_update,
+                self.settings.max_in_flight,
+                self.pool.in_flight(),
+            );
             let woken = sleep::wait(Some(self.pool.wake_fd()), self.sleep_time());
             if woken.by_latch {
                 // A producer committed messages of a topic we deliver (or an operator changed
@@ -306,6 +318,7 @@ impl Worker {
     /// dead with `outbox.max_attempts = 1`.) It waits for no lock; what is in flight is
     /// abandoned and sent again by the next worker.
     fn hand_back_before_leaving(&mut self, schema: pg_sys::Oid) {
+        self.endpoints.allow_continuing(false, self.settings.max_in_flight, self.pool.in_flight());
         self.take_answers();
         self.handing_back.extend(self.endpoints.take_unsendable(true));
         if self.handing_back.is_empty() && self.finished.is_empty() {
@@ -398,7 +411,10 @@ impl Worker {
         let (start, late) = self.endpoints.start_queued(self.settings.max_in_flight, self.pool.in_flight(), Instant::now());
         self.handing_back.extend(late);
         let endpoints = &self.endpoints;
-        self.pool.send(start, |id| endpoints.by_id[&id].endpoint.clone());
+        self.pool.send(start, |id| {
+            let state = &endpoints.by_id[&id];
+            (Arc::clone(&state.endpoint), Arc::clone(&state.queued))
+        });
     }
 
     /// Moves the answers that came back from the helper threads to `finished`.
@@ -407,7 +423,9 @@ impl Worker {
             self.finished_since.get_or_insert_with(Instant::now);
             self.endpoints.waiting_for_payload_room = false; // its payload's room is free
             if let Some(state) = self.endpoints.by_id.get_mut(&done.subscription_id) {
-                state.in_flight = state.in_flight.saturating_sub(1);
+                if done.continued_with.is_none() {
+                    state.in_flight = state.in_flight.saturating_sub(1); // (else: its slot went on)
+                }
                 state.failure_unrecorded |= !matches!(done.answer.outcome, crate::webhook::Outcome::Delivered);
             }
             self.finished.push(done);
