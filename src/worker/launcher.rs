@@ -60,6 +60,8 @@ struct Database {
     next_start: Instant,
     restart_wait: Duration,
     warned_waiting: bool,
+    /// Its last worker ended without saying why: it waits to start again (shown as such).
+    last_worker_failed: bool,
 }
 
 struct Running {
@@ -98,6 +100,7 @@ pub extern "C-unwind" fn outbox_launcher_main(_argument: pg_sys::Datum) {
 }
 
 fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeSet<String>) {
+    let resumes_before = registry::resumes();
     let (listed, role_exists) = read_catalogs();
     let wanted_names = settings::worker_databases();
 
@@ -112,6 +115,7 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
             next_start: Instant::now(),
             restart_wait: FIRST_RESTART_WAIT,
             warned_waiting: false,
+            last_worker_failed: false,
         });
         database.name.clone_from(&entry.name); // (ALTER DATABASE … RENAME)
     }
@@ -147,7 +151,9 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
             continue;
         }
         let running = database.worker.take().expect("checked");
-        match registry::release_slot(running.slot) {
+        let reason = registry::release_slot(running.slot);
+        database.last_worker_failed = reason == ExitReason::Unknown;
+        match reason {
             ExitReason::NoExtension => database.has_extension = HasExtension::No,
             ExitReason::Stopped => database.next_start = Instant::now(),
             ExitReason::HasExtension => {
@@ -184,7 +190,19 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
             }
             continue;
         }
-        if database.worker.is_some() || Instant::now() < database.next_start {
+        if database.worker.is_some() {
+            continue;
+        }
+        if Instant::now() < database.next_start {
+            if database.last_worker_failed && database.has_extension == HasExtension::Yes {
+                waiting.push((oid, WaitReason::LastWorkerFailed));
+            }
+            continue;
+        }
+        if registry::resumes() != resumes_before {
+            // A database was let back after what was read above: the name read may be one a
+            // RENAME or a DROP has just ended (its worker would fail to connect). resume() woke
+            // the launcher: the next round reads the databases again.
             continue;
         }
         let reason = if running >= max_workers {
@@ -216,6 +234,7 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
                 let why = match reason {
                     WaitReason::MaxWorkers => format!("outbox.max_workers ({max_workers}) workers are running"),
                     WaitReason::NoBackgroundWorkerSlot => "no background worker slot is free (raise max_worker_processes)".into(),
+                    WaitReason::LastWorkerFailed => "its last worker failed; it starts again after a pause".into(),
                 };
                 pgrx::warning!("outbox_ext: database \"{}\" has no delivery worker: {why}", database.name);
                 database.warned_waiting = true;

@@ -70,6 +70,20 @@ pub enum WaitReason {
     #[default]
     MaxWorkers,
     NoBackgroundWorkerSlot,
+    /// Its last worker ended without saying why (it could not connect, or failed): the next
+    /// starts after a pause.
+    LastWorkerFailed,
+}
+
+impl WaitReason {
+    /// The `state` outbox_worker_status() shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            WaitReason::MaxWorkers => "waiting: outbox.max_workers workers are running",
+            WaitReason::NoBackgroundWorkerSlot => "waiting: no background worker slot (max_worker_processes)",
+            WaitReason::LastWorkerFailed => "waiting: its last worker failed, to start again (see the server log: it may not connect)",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -125,6 +139,8 @@ pub struct Registry {
     /// More databases were announced than fit: the launcher looks at all of them again.
     announced_overflow: bool,
     paused: [Paused; PAUSED],
+    /// How many times a database was let back (see [`resume`]).
+    resumed: u64,
 }
 
 impl Default for Registry {
@@ -138,6 +154,7 @@ impl Default for Registry {
             announced_count: 0,
             announced_overflow: false,
             paused: [Paused::default(); PAUSED],
+            resumed: 0,
         }
     }
 }
@@ -411,7 +428,14 @@ pub fn resume(database_oid: u32) {
     for paused in registry.paused.iter_mut().filter(|p| p.database_oid == database_oid) {
         *paused = Paused::default();
     }
+    registry.resumed += 1;
     set_latch(registry.launcher_latch);
+}
+
+/// How many times a database was let back so far: a launcher that read the databases before
+/// the last one was may have read a name that a RENAME or DROP has just ended.
+pub fn resumes() -> u64 {
+    REGISTRY.share().resumed
 }
 
 // ---- what outbox_worker_status() shows --------------------------------------------------------
@@ -451,10 +475,7 @@ pub fn status() -> Vec<StatusRow> {
     let waiting = registry.waiting[..registry.waiting_count].iter().map(|w| StatusRow {
         database_oid: w.database_oid,
         pid: None,
-        state: match w.reason {
-            WaitReason::MaxWorkers => "waiting: outbox.max_workers workers are running".to_string(),
-            WaitReason::NoBackgroundWorkerSlot => "waiting: no background worker slot (max_worker_processes)".to_string(),
-        },
+        state: w.reason.label().to_string(),
         started_at: None,
         last_poll_at: None,
         in_flight: 0,

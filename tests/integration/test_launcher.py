@@ -131,6 +131,33 @@ def test_a_database_closed_to_public_keeps_its_worker(cluster, receiver):
     assert "FATAL" not in log_since(cluster, offset)
 
 
+def test_a_worker_that_cannot_connect_is_shown_waiting_to_start_again(cluster, receiver):
+    """A worker that cannot connect (CONNECT revoked from outbox_worker itself) was retried
+    with backoff and a FATAL in the log, and outbox_worker_status() showed nothing of it."""
+    cluster.create_database("locked_out")
+    eventually(lambda: "locked_out" in cluster.worker_pids(), what="its worker")
+    state = "waiting: its last worker failed, to start again (see the server log: it may not connect)"
+    try:
+        with cluster.connect() as admin:
+            admin.execute("REVOKE CONNECT ON DATABASE locked_out FROM PUBLIC, outbox_worker")
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'locked_out' "
+                          "AND backend_type = 'outbox_ext delivery worker'")
+
+        def shown():
+            with cluster.connect("locked_out") as conn:  # (a superuser may still connect)
+                rows = conn.execute("SELECT database, pid, state FROM outbox_worker_status()").fetchall()
+            return ("locked_out", None, state) in rows
+        eventually(shown, timeout=15, what="the database shown waiting, with why")
+    finally:
+        with cluster.connect() as admin:
+            admin.execute("GRANT CONNECT ON DATABASE locked_out TO outbox_worker")
+    eventually(lambda: "locked_out" in cluster.worker_pids(), timeout=90, what="a worker again once it may connect")
+    deliver_one(cluster, "locked_out", receiver, "a.locked_out")
+    with cluster.connect("locked_out") as conn:
+        rows = conn.execute("SELECT database, pid IS NULL, state FROM outbox_worker_status() WHERE database = 'locked_out'").fetchall()
+    assert rows and rows[0][1] is False and rows[0][2] != state, rows
+
+
 def test_a_database_with_a_worker_can_be_renamed_and_used_as_a_template(cluster, receiver):
     cluster.create_database("original")
     eventually(lambda: "original" in cluster.worker_pids(), what="its worker")
