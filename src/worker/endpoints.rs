@@ -423,12 +423,17 @@ impl Endpoints {
     /// Lets the helper threads start an endpoint's next queued delivery as soon as a request to
     /// it succeeds (see queue.rs), where the endpoint may keep its slot: it is enabled and not
     /// failing, has no rate limit (whose tokens the main thread counts), is within its share
-    /// of the slots, and the worker is claiming and within `outbox.max_in_flight`. Decided
-    /// again at every turn of the main loop.
+    /// of the slots, the worker is claiming and within `outbox.max_in_flight`, and no other
+    /// endpoint with work and room waits for a slot (with more such endpoints than slots, the
+    /// slots go back to the main thread, which gives them in turn). Decided again at every turn
+    /// of the main loop.
     pub fn allow_continuing(&self, claiming: bool, max_in_flight: usize, total_in_flight: usize) {
         let share = self.share(max_in_flight);
+        let no_free_slot = total_in_flight >= max_in_flight;
+        let one_waits_for_a_slot =
+            no_free_slot && self.by_id.values().any(|e| (e.wants_to_send() || (e.enabled && !e.queued.is_empty())) && e.room(share) > 0);
         for state in self.by_id.values() {
-            let may_keep_its_slot = state.in_flight <= state.cap(share) && total_in_flight <= max_in_flight;
+            let may_keep_its_slot = state.in_flight <= state.cap(share) && total_in_flight <= max_in_flight && !one_waits_for_a_slot;
             let healthy = state.enabled && !state.failing() && state.rate.is_none();
             state.queued.allow_continuing(claiming && healthy && may_keep_its_slot);
         }
@@ -740,6 +745,14 @@ mod unit_tests {
         assert_eq!(continuing(&all), vec![(1, false), (2, true), (3, true)]);
         all.allow_continuing(true, 2, 4);
         assert!(continuing(&all).iter().all(|&(_, on)| !on), "more in flight than outbox.max_in_flight");
+        // More endpoints with work than slots: the one holding the only slot gives it back.
+        let all = endpoints(&[(1, 1, true), (2, 0, true)]);
+        all.allow_continuing(true, 1, 1);
+        assert_eq!(continuing(&all), vec![(1, false), (2, false)], "endpoint 2 waits for the slot");
+        // The other has no work: the holder goes on.
+        let all = endpoints(&[(1, 1, true), (2, 0, false)]);
+        all.allow_continuing(true, 1, 1);
+        assert_eq!(continuing(&all), vec![(1, true), (2, true)]);
     }
 
     #[test]

@@ -301,12 +301,16 @@ impl Worker {
             let woken = sleep::wait(Some(self.pool.wake_fd()), self.sleep_time());
             if woken.by_latch {
                 // A producer committed messages of a topic we deliver (or an operator changed
-                // something): look again at once; read the subscriptions again only if an
-                // operator's function asked for it, not at every producer's commit.
+                // something): look again at once.
                 self.messages_may_be_ready = true;
-                if registry::take_reload_request(self.slot) {
-                    self.next_refresh = Instant::now();
-                }
+            }
+            // Read the subscriptions again if an operator's function asked for it (not at every
+            // producer's commit). Asked at every turn, not only when the latch woke the worker:
+            // a step that waited for the operator's lock (outbox_rotate_secret's, say) spent the
+            // wake-up sent at its commit ending that wait, and a busy worker is woken by answers.
+            if registry::take_reload_request(self.slot) {
+                self.next_refresh = Instant::now();
+                self.messages_may_be_ready = true;
             }
         }
     }

@@ -178,6 +178,27 @@ def test_a_rate_limit_holds_at_the_receiver_while_another_endpoint_runs_at_full_
     assert free_span < (arrivals[-1] - arrivals[0]) / 2, "the endpoint without a limit was held back"
 
 
+def test_endpoints_with_work_take_turns_when_they_outnumber_the_slots(worker, receivers):
+    """With more endpoints with work than outbox.max_in_flight, one endpoint kept the only slot
+    for its whole backlog: after each success its helper thread went on with its next delivery
+    (found by stop 42's probe: the second endpoint's first request came after the first's 300)."""
+    db = worker
+    configure_worker({**FAST, "outbox.max_in_flight": "1"})
+    first, second = receivers(), receivers()
+    for receiver in (first, second):
+        receiver.answer_by_default(200, delay=0.02)
+        db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    enqueue_many(db, 150)
+    # Each takes 20 ms a request: alone, the first would be done after 3 s.
+    first.wait_for(20, timeout=30)
+    second.wait_for(20, timeout=30)
+    started = min(first.requests[0]["arrived_at"], second.requests[0]["arrived_at"])
+    twentieth = max(first.requests[19]["arrived_at"], second.requests[19]["arrived_at"])
+    assert twentieth - started < 2.0, "one endpoint waited for the other's backlog"
+    first.wait_for(150, timeout=30)
+    second.wait_for(150, timeout=30)
+
+
 def test_max_in_flight_caps_one_endpoint(worker, receivers):
     db = worker
     slow = receivers()
@@ -213,6 +234,35 @@ def test_a_rotated_secret_signs_beside_the_old_one_during_the_overlap_then_alone
     assert Webhook(newest).verify(request["body"], request["headers"]) == {"n": 1}
     with pytest.raises(WebhookVerificationError):
         Webhook(new).verify(request["body"], request["headers"])
+
+
+def test_a_secret_rotated_during_a_backlog_signs_from_the_next_step(worker, receivers):
+    """The worker, busy with a backlog, waited for the rotation's lock; the wake-up sent at its
+    commit was spent ending that wait, and the worker read the subscription again only at its
+    next poll: for up to a second, thousands of requests signed with the old secret alone
+    (stop 42's probe)."""
+    db = worker
+    receiver = receivers()
+    old = db.execute("SELECT outbox_generate_secret()").fetchone()[0]
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', %s, %s)", (receiver.url, old)).fetchone()[0]
+    configure_worker({**FAST, "outbox.poll_interval": "5s"})
+    enqueue_many(db, 4000)
+    receiver.wait_for(200, timeout=30)
+    newest = db.execute("SELECT outbox_generate_secret()").fetchone()[0]
+    with db.transaction():
+        db.execute("SELECT outbox_rotate_secret(%s, %s, overlap => '0')", (subscription, newest))
+        time.sleep(0.5)  # the worker's step waits for this transaction meanwhile
+    committed = time.time()
+    receiver.wait_for(4000, timeout=60)
+    late = [r for r in receiver.requests if r["arrived_at"] > committed + 0.3]
+    assert late, "the backlog ended before the rotation could be seen"
+    old_only = 0
+    for request in late:
+        try:
+            Webhook(newest).verify(request["body"], request["headers"])
+        except WebhookVerificationError:
+            old_only += 1
+    assert old_only == 0, f"{old_only} of {len(late)} requests 0.3 s after the rotation not signed with the new secret"
 
 
 # -- 4. the SSRF guard -------------------------------------------------------------------------
