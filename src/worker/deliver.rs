@@ -11,8 +11,6 @@ use super::queue::EndpointQueue;
 use crate::webhook::{self, AllowedNetworks, Answer, Endpoint, Message};
 use nix::sys::signal::{SigSet, SigmaskHow};
 use std::io::{Read, Write};
-#[cfg(test)]
-use std::os::fd::AsFd;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -121,11 +119,13 @@ impl Pool {
         self.bytes_in_flight
     }
 
-    /// Hands `claimed` deliveries to the helper threads.
-    pub fn send(&mut self, claimed: Vec<Claimed>, endpoint_of: impl Fn(i64) -> (Arc<Endpoint>, Arc<EndpointQueue>)) {
+    /// Hands `claimed` deliveries to the helper threads; `queue_of` gives each one's endpoint
+    /// queue (where its endpoint, as last read, and its next delivery are).
+    pub fn send(&mut self, claimed: Vec<Claimed>, queue_of: impl Fn(i64) -> Arc<EndpointQueue>) {
         let jobs = self.jobs.as_ref().expect("the pool is running");
         for delivery in claimed {
-            let (endpoint, queue) = endpoint_of(delivery.subscription_id);
+            let queue = queue_of(delivery.subscription_id);
+            let endpoint = queue.endpoint();
             let deadline = Instant::now() + endpoint.timeout;
             self.latest_deadline = Some(self.latest_deadline.map_or(deadline, |d| d.max(deadline)));
             self.in_flight += 1;
@@ -262,6 +262,7 @@ mod unit_tests {
     use nix::sys::signal::Signal;
     use std::io::BufRead;
     use std::net::TcpListener;
+    use std::os::fd::AsFd;
     use std::sync::RwLock;
 
     /// A receiver on 127.0.0.1 that answers each request on a kept-alive connection with the
@@ -341,7 +342,7 @@ mod unit_tests {
             queue.push_back(Queued { delivery: delivery(id), start_by });
         }
         queue.allow_continuing(true);
-        pool.send(vec![delivery(1)], |_| (endpoint(&url), Arc::clone(&queue)));
+        pool.send(vec![delivery(1)], |_| Arc::clone(&queue));
         let answers = take_answers(&mut pool, 20);
         let ids: Vec<i64> = answers.iter().map(|f| f.message_id).collect();
         assert_eq!(ids, (1..=20).collect::<Vec<_>>());
@@ -363,14 +364,14 @@ mod unit_tests {
             queue.push_back(Queued { delivery: delivery(id), start_by });
         }
         queue.allow_continuing(true);
-        pool.send(vec![delivery(1)], |_| (endpoint(&url), Arc::clone(&queue)));
+        pool.send(vec![delivery(1)], |_| Arc::clone(&queue));
         let answers = take_answers(&mut pool, 3);
         assert_eq!(answers.iter().map(|f| f.message_id).collect::<Vec<_>>(), vec![1, 2, 3]);
         assert!(answers[2].continued_with.is_none(), "503: the main thread decides what comes next");
         assert_eq!(queue.len(), 2);
         // Not allowed (the endpoint fails, the worker stops, …): one request, then back.
         queue.allow_continuing(false);
-        pool.send(vec![queue.pop_front().unwrap().delivery], |_| (endpoint(&url), Arc::clone(&queue)));
+        pool.send(vec![queue.pop_front().unwrap().delivery], |_| Arc::clone(&queue));
         let answers = take_answers(&mut pool, 1);
         assert!(answers[0].continued_with.is_none());
         assert_eq!(queue.len(), 1);
@@ -387,7 +388,7 @@ mod unit_tests {
             queue.push_back(Queued { delivery: delivery(id), start_by });
         }
         queue.allow_continuing(true);
-        pool.send((1..=8).map(delivery).collect(), |_| (endpoint(&url), Arc::clone(&queue)));
+        pool.send((1..=8).map(delivery).collect(), |_| Arc::clone(&queue));
         let answers = take_answers(&mut pool, 2000);
         assert_eq!(answers.len(), 2000);
         assert_eq!(pool.in_flight(), 0);

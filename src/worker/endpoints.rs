@@ -399,7 +399,7 @@ impl Endpoints {
             let state = self.by_id.get_mut(id).expect("an endpoint with a queue");
             while left > 0 && state.room(share) > 0 && state.rate.is_none_or(|bucket| bucket.available(now) > 0) {
                 let Some(queued) = state.queued.pop_front() else { break };
-                if now > queued.start_by {
+                if queued.too_late(now) {
                     late.push(queued.delivery);
                     continue;
                 }

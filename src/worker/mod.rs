@@ -415,10 +415,7 @@ impl Worker {
         let (start, late) = self.endpoints.start_queued(self.settings.max_in_flight, self.pool.in_flight(), Instant::now());
         self.handing_back.extend(late);
         let endpoints = &self.endpoints;
-        self.pool.send(start, |id| {
-            let state = &endpoints.by_id[&id];
-            (Arc::clone(&state.endpoint), Arc::clone(&state.queued))
-        });
+        self.pool.send(start, |id| Arc::clone(&endpoints.by_id[&id].queued));
     }
 
     /// Moves the answers that came back from the helper threads to `finished`.

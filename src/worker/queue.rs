@@ -22,6 +22,13 @@ pub struct Queued {
     pub start_by: Instant,
 }
 
+impl Queued {
+    /// Whether it is too late to start at `now` (it is handed back instead).
+    pub fn too_late(&self, now: Instant) -> bool {
+        now > self.start_by
+    }
+}
+
 /// The queue, shared by the main thread and the helper threads (hence the lock, held only to
 /// push or pop).
 pub struct EndpointQueue {
@@ -89,7 +96,7 @@ impl EndpointQueue {
             return None;
         }
         let mut deliveries = self.deliveries();
-        if deliveries.front().is_some_and(|next| now <= next.start_by) {
+        if deliveries.front().is_some_and(|next| !next.too_late(now)) {
             deliveries.pop_front()
         } else {
             None
