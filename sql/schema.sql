@@ -454,4 +454,6 @@ ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_topic_check C
 ALTER TABLE outbox_subscription DROP CONSTRAINT outbox_subscription_rate_limit_check;
 ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_rate_limit_check CHECK (rate_limit OPERATOR(pg_catalog.>) 0);
 
--- ======== new in 0.5.19 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.19 ========
+
+-- ======== new in 0.5.20 (scripts/make-upgrade-script.sh copies from here to the end) ========
