@@ -199,6 +199,14 @@ COMMENT ON FUNCTION outbox_rotate_secret(bigint, text, interval) IS
 'Gives the endpoint a new secret (new_secret, or a generated one) and returns it. For overlap, every request carries signatures by both the old and the new secret (webhook-signature holds both, space-separated), so the receiver can switch at any time in between; after it, only the new one.';
 
 -- unsubscribe: stop sending a topic to one endpoint (or, without url, to all).
+--
+-- Removing a subscription removes its deliveries (their foreign key cascades): the subscription
+-- first, then the deliveries. A step of the delivery worker takes them the other way round: it
+-- records answers (locking their deliveries), then makes deliveries of newer messages (whose
+-- foreign key waits for the subscription). The two could wait for each other until PostgreSQL
+-- failed one of them (40P01). So each try here waits only briefly for a lock; past that, it
+-- steps back (to its savepoint, letting go of everything) and tries again once the worker's
+-- step has ended. The last try waits as the caller's lock_timeout says.
 CREATE OR REPLACE FUNCTION outbox_unsubscribe(topic text, url text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -206,13 +214,37 @@ AS $$
 #variable_conflict use_column
 DECLARE
     removed integer;
+    callers_lock_timeout text := pg_catalog.current_setting('lock_timeout');
+    callers_lock_timeout_ms bigint := (SELECT p.setting::bigint FROM pg_catalog.pg_settings p WHERE p.name = 'lock_timeout');
+    -- A worker's step takes milliseconds; PostgreSQL looks for a deadlock after deadlock_timeout
+    -- (1 s by default): the try gives up well before either party is failed.
+    brief_ms bigint := 100;
+    tries integer := 0;
+    max_tries integer := 50;
 BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_unsubscribe'::text, 'topic'::text, outbox_unsubscribe.topic::text);
-    DELETE FROM @extschema@.outbox_subscription s
-     WHERE s.topic = outbox_unsubscribe.topic
-       AND (outbox_unsubscribe.url IS NULL OR s.url = outbox_unsubscribe.url);
-    GET DIAGNOSTICS removed = ROW_COUNT;
-    RETURN removed;
+    IF callers_lock_timeout_ms > 0 AND callers_lock_timeout_ms <= brief_ms THEN
+        max_tries := 1;  -- the caller waits even less: its own setting, once
+    END IF;
+    LOOP
+        tries := tries + 1;
+        BEGIN
+            IF tries < max_tries THEN
+                PERFORM pg_catalog.set_config('lock_timeout', brief_ms::text || 'ms', true);
+            END IF;
+            DELETE FROM @extschema@.outbox_subscription s
+             WHERE s.topic = outbox_unsubscribe.topic
+               AND (outbox_unsubscribe.url IS NULL OR s.url = outbox_unsubscribe.url);
+            GET DIAGNOSTICS removed = ROW_COUNT;
+            PERFORM pg_catalog.set_config('lock_timeout', callers_lock_timeout, true);
+            RETURN removed;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            IF tries >= max_tries THEN
+                RAISE;
+            END IF;
+        END;
+        PERFORM pg_catalog.pg_sleep(0.01 * LEAST(tries, 20));
+    END LOOP;
 END
 $$;
 

@@ -3,6 +3,7 @@ backoff, DONE or DEAD), every HTTP attempt is logged, and an operator can replay
 real local receivers and the delivery worker of the test database."""
 
 import json
+import threading
 import time
 
 import psycopg
@@ -152,6 +153,44 @@ def test_unsubscribing_an_endpoint_that_has_not_taken_a_message_lets_the_message
                what="the message without endpoints to be free again")
     assert [row[0] for row in db.execute("SELECT id FROM outbox_claim(10)")] == [second]
     assert parked.requests == []
+
+
+def test_unsubscribing_an_endpoint_in_the_middle_of_a_backlog_never_deadlocks_with_the_worker(fast_worker, receivers):
+    """outbox_unsubscribe removes the subscription, then its deliveries. A worker's step records
+    answers (locking the endpoint's deliveries), then makes deliveries of newer messages (whose
+    foreign key waits for the subscription): the other order. Unsubscribing during a backlog
+    ended in a deadlock, and PostgreSQL failed the unsubscribe or the worker's step (40P01;
+    found by stop 42's probe)."""
+    db = fast_worker
+    log = ServerLog()
+    staying = receivers()
+    db.execute("SELECT outbox_subscribe('load.test', %s)", (staying.url,))
+    producing = threading.Event()
+    producing.set()
+
+    def produce():  # messages keep coming, so every step makes deliveries
+        with connect(autocommit=True) as producer:
+            while producing.is_set():
+                producer.execute("SELECT count(*) FROM outbox_enqueue_batch('load.test', "
+                                 "ARRAY(SELECT jsonb_build_object('n', n) FROM generate_series(1, 20) n))")
+                time.sleep(0.01)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    db.execute("SET lock_timeout = '7s'")
+    try:
+        for _ in range(80):
+            leaving = receivers()
+            db.execute("SELECT outbox_subscribe('load.test', %s)", (leaving.url,))
+            leaving.wait_for(20)  # its answers are being recorded, its deliveries made
+            db.execute("SELECT outbox_unsubscribe('load.test', %s)", (leaving.url,))  # no 40P01
+            assert db.execute("SELECT count(*) FROM outbox_subscription WHERE url = %s", (leaving.url,)).fetchone()[0] == 0
+    finally:
+        producing.clear()
+        producer.join()
+    assert "deadlock detected" not in log.since(), "the worker's step failed in a deadlock"
+    # Its brief waits were its own: the caller's setting is as it was.
+    assert db.execute("SHOW lock_timeout").fetchone()[0] == "7s"
 
 
 def test_messages_an_unsubscribed_endpoint_leaves_come_before_newer_ones_of_their_key(fast_worker, receivers):
