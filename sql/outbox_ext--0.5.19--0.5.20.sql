@@ -68,6 +68,13 @@ $keep_grants$;
 -- ======== sql/schema.sql, what is new in 0.5.20 ========
 -- ======== new in 0.5.20 (scripts/make-upgrade-script.sh copies from here to the end) ========
 
+-- Unsubscribing (its foreign key's ON DELETE CASCADE) reads the table of deliveries not yet
+-- archived whole, instead of an index on subscription_id alone: that index cost every delivery
+-- three index writes (made, leased, ended: 3 of 15), 5 - 7% of the worker's deliveries per
+-- second at 8 and 32 in flight (bench/README.md, 0.5.20). Every other reader of an endpoint's
+-- deliveries has its partial index (ready, queued behind a key, dead) or the primary key.
+DROP INDEX outbox_delivery_subscription_idx;
+
 -- ======== sql/helpers.sql ========
 -- Checks written in Rust (src/topic.rs, src/subscriptions.rs) that the schema and the SQL
 -- functions use. C functions, so that they read text in any database encoding. Not for
