@@ -199,7 +199,7 @@ CREATE INDEX outbox_delivery_key_queue_idx ON outbox_delivery (subscription_id, 
 -- costs every delivery a write).
 CREATE INDEX outbox_delivery_dead_idx ON outbox_delivery (subscription_id)
     WHERE status OPERATOR(pg_catalog.=) 'DEAD'::outbox_status;
--- Unsubscribing (ON DELETE CASCADE) finds an endpoint's deliveries here (until 0.5.20: below).
+-- Unsubscribing (ON DELETE CASCADE) finds an endpoint's deliveries here.
 CREATE INDEX outbox_delivery_subscription_idx ON outbox_delivery (subscription_id);
 SELECT pg_catalog.pg_extension_config_dump('outbox_delivery', '');
 
@@ -457,10 +457,3 @@ ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_rate_limit_ch
 -- ======== new in 0.5.19 ========
 
 -- ======== new in 0.5.20 (scripts/make-upgrade-script.sh copies from here to the end) ========
-
--- Unsubscribing (its foreign key's ON DELETE CASCADE) reads the table of deliveries not yet
--- archived whole, instead of an index on subscription_id alone: that index cost every delivery
--- three index writes (made, leased, ended: 3 of 15), 5 - 7% of the worker's deliveries per
--- second at 8 and 32 in flight (bench/README.md, 0.5.20). Every other reader of an endpoint's
--- deliveries has its partial index (ready, queued behind a key, dead) or the primary key.
-DROP INDEX outbox_delivery_subscription_idx;

@@ -66,7 +66,11 @@ $$;
 COMMENT ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean, double precision, integer) IS
 'Sends the topic''s messages to url (http or https), signed with secret (whsec_… form; see outbox_generate_secret()) when given, with extra headers, a per-endpoint timeout, and at most rate_limit requests per second and max_in_flight at once (NULL: no limit). enabled false parks its deliveries until outbox_enable_subscription. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
 
--- The subscription with this id, locked, or an error naming the function (22004, 22023).
+-- The subscription with this id, locked, or an error naming the function (22004, 22023). Locked
+-- FOR NO KEY UPDATE, as the updates that follow lock it: the worker's new deliveries of it (their
+-- foreign key's FOR KEY SHARE) go on meanwhile. FOR UPDATE held them back until the caller's
+-- transaction ended, and an operator's transaction that went on to wait for the worker then
+-- deadlocked with it (stop 43's probe).
 CREATE OR REPLACE FUNCTION outbox_subscription_for_update(function_name text, argument_name text, subscription_id bigint)
 RETURNS @extschema@.outbox_subscription
 LANGUAGE plpgsql VOLATILE
@@ -82,7 +86,7 @@ BEGIN
     SELECT * INTO found_subscription
       FROM @extschema@.outbox_subscription s
      WHERE s.id = subscription_id
-       FOR UPDATE;
+       FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION '%: % % is not a subscription', function_name, argument_name, subscription_id
             USING ERRCODE = 'invalid_parameter_value',
@@ -204,9 +208,12 @@ COMMENT ON FUNCTION outbox_rotate_secret(bigint, text, interval) IS
 -- first, then the deliveries. A step of the delivery worker takes them the other way round: it
 -- records answers (locking their deliveries), then makes deliveries of newer messages (whose
 -- foreign key waits for the subscription). The two could wait for each other until PostgreSQL
--- failed one of them (40P01). So each try here waits only briefly for a lock; past that, it
--- steps back (to its savepoint, letting go of everything) and tries again once the worker's
--- step has ended. The last try waits as the caller's lock_timeout says.
+-- failed one of them (40P01). So each try here waits only briefly for a lock (100 ms, or half of
+-- deadlock_timeout if that is less: PostgreSQL looks for a deadlock after deadlock_timeout, and
+-- this must step back first); past that, it steps back (to its savepoint, letting go of
+-- everything) and tries again once the worker's step has ended. The caller's lock_timeout, if
+-- set, bounds the whole: its last try waits for what is left of it. Without one, the 50th try
+-- waits as long as it takes.
 CREATE OR REPLACE FUNCTION outbox_unsubscribe(topic text, url text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -216,20 +223,28 @@ DECLARE
     removed integer;
     callers_lock_timeout text := pg_catalog.current_setting('lock_timeout');
     callers_lock_timeout_ms bigint := (SELECT p.setting::bigint FROM pg_catalog.pg_settings p WHERE p.name = 'lock_timeout');
-    -- A worker's step takes milliseconds; PostgreSQL looks for a deadlock after deadlock_timeout
-    -- (1 s by default): the try gives up well before either party is failed.
-    brief_ms bigint := 100;
+    deadlock_timeout_ms bigint := (SELECT p.setting::bigint FROM pg_catalog.pg_settings p WHERE p.name = 'deadlock_timeout');
+    brief_ms bigint;
+    left_ms bigint;
+    started timestamptz := pg_catalog.clock_timestamp();
     tries integer := 0;
-    max_tries integer := 50;
+    last_try boolean := false;
 BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_unsubscribe'::text, 'topic'::text, outbox_unsubscribe.topic::text);
-    IF callers_lock_timeout_ms > 0 AND callers_lock_timeout_ms <= brief_ms THEN
-        max_tries := 1;  -- the caller waits even less: its own setting, once
-    END IF;
+    brief_ms := GREATEST(LEAST(100, deadlock_timeout_ms / 2), 1);
     LOOP
         tries := tries + 1;
+        IF callers_lock_timeout_ms > 0 THEN
+            left_ms := callers_lock_timeout_ms
+                       - (EXTRACT(epoch FROM pg_catalog.clock_timestamp() - started) * 1000)::bigint;
+            last_try := left_ms <= brief_ms;
+        ELSE
+            last_try := tries >= 50;
+        END IF;
         BEGIN
-            IF tries < max_tries THEN
+            IF last_try AND callers_lock_timeout_ms > 0 THEN
+                PERFORM pg_catalog.set_config('lock_timeout', GREATEST(left_ms, 1)::text || 'ms', true);
+            ELSIF NOT last_try THEN
                 PERFORM pg_catalog.set_config('lock_timeout', brief_ms::text || 'ms', true);
             END IF;
             DELETE FROM @extschema@.outbox_subscription s
@@ -239,7 +254,7 @@ BEGIN
             PERFORM pg_catalog.set_config('lock_timeout', callers_lock_timeout, true);
             RETURN removed;
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-            IF tries >= max_tries THEN
+            IF last_try THEN
                 RAISE;
             END IF;
         END;

@@ -440,7 +440,7 @@ impl Worker {
         });
         if recorded.no_longer_held > 0 {
             pgrx::log!(
-                "outbox_ext: {} answer(s) came back for deliveries that no longer waited for them (redelivered meanwhile)",
+                "outbox_ext: {} answer(s) came back for deliveries that no longer waited for them (redelivered or unsubscribed meanwhile)",
                 recorded.no_longer_held
             );
         }

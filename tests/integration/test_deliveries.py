@@ -189,8 +189,44 @@ def test_unsubscribing_an_endpoint_in_the_middle_of_a_backlog_never_deadlocks_wi
         producing.clear()
         producer.join()
     assert "deadlock detected" not in log.since(), "the worker's step failed in a deadlock"
+    # Nor did a step fail otherwise: making deliveries for a subscription removed meanwhile
+    # failed it with 23503 (stop 43's probe).
+    assert "a delivery step failed" not in log.since()
     # Its brief waits were its own: the caller's setting is as it was.
     assert db.execute("SHOW lock_timeout").fetchone()[0] == "7s"
+
+
+def test_unsubscribing_gives_up_when_the_callers_lock_timeout_runs_out(db, receivers):
+    """The brief waits and tries of outbox_unsubscribe stay within the caller's lock_timeout:
+    with 300 ms, it fails like any statement would. It went on trying for 13 s (stop 43's
+    probe)."""
+    subscription = db.execute("SELECT outbox_subscribe('held.topic', %s)", (receivers().url,)).fetchone()[0]
+    with connect() as holder:
+        holder.execute("SELECT FROM outbox_subscription WHERE id = %s FOR UPDATE", (subscription,))
+        db.execute("SET lock_timeout = '300ms'")
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            db.execute("SELECT outbox_unsubscribe('held.topic')")
+        waited = time.monotonic() - started
+    assert waited < 3, f"it waited {waited:.1f} s"
+    assert db.execute("SHOW lock_timeout").fetchone()[0] == "300ms"
+    assert db.execute("SELECT count(*) FROM outbox_subscription").fetchone()[0] == 1
+
+
+def test_an_operators_open_transaction_on_an_endpoint_holds_back_none_of_its_deliveries(fast_worker, receivers):
+    """outbox_rotate_secret, outbox_disable_subscription and outbox_enable_subscription lock
+    the subscription as an update does (FOR NO KEY UPDATE), which leaves the worker's new
+    deliveries of it free to go. FOR UPDATE held every new message of the topic back until
+    the operator's transaction ended, and the worker's step failed after its 10 s lock_timeout
+    (or in a deadlock, when the operator went on to wait for the worker: stop 43's probe)."""
+    db = fast_worker
+    receiver = receivers()
+    subscription = db.execute("SELECT outbox_subscribe('rotating.topic', %s)", (receiver.url,)).fetchone()[0]
+    with connect() as operator:
+        operator.execute("SELECT outbox_rotate_secret(%s)", (subscription,))  # not committed yet
+        enqueue(db, "rotating.topic", {"n": 1})
+        receiver.wait_for(1, timeout=5)
+        operator.rollback()
 
 
 def test_messages_an_unsubscribed_endpoint_leaves_come_before_newer_ones_of_their_key(fast_worker, receivers):
