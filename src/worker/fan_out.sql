@@ -18,14 +18,6 @@ WITH ready AS (
      ORDER BY o.available_at, o.id
      LIMIT $3
        FOR UPDATE SKIP LOCKED
-), endpoints AS (
-    -- The subscriptions of their topics, locked as the deliveries' foreign key will lock them:
-    -- one that an unsubscribe removes meanwhile is left out once it commits. (Joined unlocked,
-    -- it was still seen, and the foreign key then failed the whole step with 23503.)
-    SELECT s.id, s.topic
-      FROM @extschema@.outbox_subscription s
-     WHERE s.topic OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT DISTINCT r.topic FROM ready r))
-       FOR KEY SHARE
 ), made AS (
     INSERT INTO @extschema@.outbox_delivery AS d
            (message_id, subscription_id, attempts, last_error, available_at, ordering_key, waiting_for)
@@ -42,7 +34,7 @@ WITH ready AS (
                        LIMIT 1)
                 THEN 'ordering_key'::@extschema@.outbox_wait END
       FROM ready r
-      JOIN endpoints s
+      JOIN @extschema@.outbox_subscription s
         ON s.topic OPERATOR(pg_catalog.=) r.topic
     ON CONFLICT (message_id, subscription_id) DO NOTHING
     RETURNING d.message_id, d.subscription_id
