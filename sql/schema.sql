@@ -456,4 +456,6 @@ ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_rate_limit_ch
 
 -- ======== new in 0.5.19 ========
 
--- ======== new in 0.5.20 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.20 ========
+
+-- ======== new in 0.5.21 (scripts/make-upgrade-script.sh copies from here to the end) ========
