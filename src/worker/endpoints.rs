@@ -224,6 +224,9 @@ pub struct Endpoints {
     loaded: bool,
     /// Where the next pick-up of ready messages starts reading.
     pub fan_out_head: QueueHead,
+    /// Topics the pick-up leaves alone for a moment (an operator is changing their
+    /// subscriptions).
+    pub held_back_topics: super::claim::HeldBackTopics,
     /// A claim left due deliveries behind because their payloads did not fit the worker's
     /// memory (outbox.worker_memory): no claim until an answer (or a hand-back) frees some.
     pub waiting_for_payload_room: bool,

@@ -5,8 +5,17 @@
 -- message stood (its attempts and last error: a message that was backing off keeps its
 -- schedule) and, with an ordering key, waits behind the endpoint's pending deliveries of
 -- that key, if any (they have a head, the oldest: src/ordering). The message then waits for its deliveries (no claim takes it) and releases its
--- key: from here the order holds per endpoint. Returns how many messages it picked up, the endpoints that got new deliveries,
--- the ordering keys released (for src/ordering), and the oldest picked up's available_at.
+-- key: from here the order holds per endpoint.
+--
+-- A topic whose subscriptions an operator is changing (unsubscribing one, not yet committed,
+-- or removed since this statement's snapshot) is left alone, its messages untouched: the
+-- foreign key of a delivery to the removed subscription would wait for the operator's commit
+-- (holding back every topic) and then fail the statement, and one subscribed again in the same
+-- transaction is not in the snapshot yet. The worker tries such topics again shortly.
+--
+-- Returns how many messages it picked up, the endpoints that got new deliveries, the ordering
+-- keys released (for src/ordering), the oldest picked up's available_at, and the topics left
+-- alone.
 WITH ready AS (
     SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key, o.available_at
       FROM ONLY @extschema@.outbox o
@@ -18,6 +27,19 @@ WITH ready AS (
      ORDER BY o.available_at, o.id
      LIMIT $3
        FOR UPDATE SKIP LOCKED
+), held AS MATERIALIZED (
+    -- The subscriptions of those messages' topics, locked as each new delivery's foreign key
+    -- locks them, skipping any that an operator is removing.
+    SELECT s.id, s.topic
+      FROM @extschema@.outbox_subscription s
+     WHERE s.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT DISTINCT r.topic::pg_catalog.text FROM ready r))
+       FOR KEY SHARE SKIP LOCKED
+), unsettled AS MATERIALIZED (
+    -- Topics with a subscription in the snapshot that could not be locked.
+    SELECT ARRAY(SELECT DISTINCT s.topic::pg_catalog.text
+                   FROM @extschema@.outbox_subscription s
+                  WHERE s.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT DISTINCT r.topic::pg_catalog.text FROM ready r))
+                    AND s.id OPERATOR(pg_catalog.<>) ALL (ARRAY(SELECT h.id FROM held h))) AS topics
 ), made AS (
     INSERT INTO @extschema@.outbox_delivery AS d
            (message_id, subscription_id, attempts, last_error, available_at, ordering_key, waiting_for)
@@ -34,8 +56,9 @@ WITH ready AS (
                        LIMIT 1)
                 THEN 'ordering_key'::@extschema@.outbox_wait END
       FROM ready r
-      JOIN @extschema@.outbox_subscription s
+      JOIN held s
         ON s.topic OPERATOR(pg_catalog.=) r.topic
+     WHERE r.topic::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ((SELECT u.topics FROM unsettled u)::pg_catalog.text[])
     ON CONFLICT (message_id, subscription_id) DO NOTHING
     RETURNING d.message_id, d.subscription_id
 ), waiting AS (
@@ -46,13 +69,15 @@ WITH ready AS (
      WHERE o.id OPERATOR(pg_catalog.=) ANY (ARRAY(
                SELECT r.id
                  FROM ready r
-                WHERE EXISTS (SELECT FROM made m WHERE m.message_id OPERATOR(pg_catalog.=) r.id)
-                   -- (A requeued message's deliveries, by outbox_delivery's key: as an EXISTS,
-                   -- the plan could read the whole table.)
-                   OR (SELECT true FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) r.id LIMIT 1)))
+                WHERE r.topic::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ((SELECT u.topics FROM unsettled u)::pg_catalog.text[])
+                  AND (EXISTS (SELECT FROM made m WHERE m.message_id OPERATOR(pg_catalog.=) r.id)
+                       -- (A requeued message's deliveries, by outbox_delivery's key: as an EXISTS,
+                       -- the plan could read the whole table.)
+                       OR (SELECT true FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) r.id LIMIT 1))))
     RETURNING o.ordering_key
 )
 SELECT (SELECT pg_catalog.count(*) FROM ready),
        ARRAY(SELECT DISTINCT m.subscription_id FROM made m),
        (SELECT pg_catalog.array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL) FROM waiting w),
-       (SELECT pg_catalog.min(r.available_at) FROM ready r)
+       (SELECT pg_catalog.min(r.available_at) FROM ready r),
+       (SELECT u.topics FROM unsettled u)

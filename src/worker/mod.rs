@@ -299,6 +299,9 @@ impl Worker {
                 self.pool.in_flight(),
             );
             let woken = sleep::wait(Some(self.pool.wake_fd()), self.sleep_time());
+            if self.endpoints.held_back_topics.take_expired(Instant::now()) {
+                self.messages_may_be_ready = true; // a topic held back is to be tried again
+            }
             if woken.by_latch {
                 // A producer committed messages of a topic we deliver (or an operator changed
                 // something): look again at once.
@@ -487,6 +490,9 @@ impl Worker {
             // An endpoint with due work and room starts now, or when its rate limit allows.
             if let Some(until_it_may) = self.endpoints.wait_for_due_work(max_in_flight, Instant::now()) {
                 wait = wait.min(until_it_may);
+            }
+            if let Some(until) = self.endpoints.held_back_topics.until() {
+                wait = wait.min(until.saturating_duration_since(Instant::now()));
             }
             if let Some(due) = self.endpoints.earliest_due(max_in_flight) {
                 wait = wait.min(Duration::from_micros(u64::try_from(due - now).unwrap_or(0)));

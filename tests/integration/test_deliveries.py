@@ -188,7 +188,11 @@ def test_unsubscribing_an_endpoint_in_the_middle_of_a_backlog_never_deadlocks_wi
     finally:
         producing.clear()
         producer.join()
-    assert "deadlock detected" not in log.since(), "the worker's step failed in a deadlock"
+    failures = log.since()
+    assert "deadlock detected" not in failures, "the worker's step failed in a deadlock"
+    # Nor did a pick-up make a delivery for an endpoint removed meanwhile (its foreign key then
+    # failed the whole step with 23503, retried after a back-off: stop 43's probe).
+    assert "a delivery step failed" not in failures
     # Its brief waits were its own: the caller's setting is as it was.
     assert db.execute("SHOW lock_timeout").fetchone()[0] == "7s"
 
@@ -213,6 +217,30 @@ def test_an_endpoint_replaced_in_one_transaction_misses_no_message(fast_worker, 
     other.wait_for(5)
     replaced.wait_for(5)
     assert sorted(r["headers"]["webhook-id"] for r in replaced.requests) == sorted(messages)
+
+
+def test_an_unsubscribe_not_yet_committed_holds_back_no_other_topic(fast_worker, receivers):
+    """While an operator's unsubscribe is open, the worker leaves the messages of that topic for
+    later and goes on with the others. Its pick-up made their deliveries in the same statement,
+    whose foreign key waited for the removed subscription: every topic waited for the
+    operator's commit, and the step then failed with 23503 (stop 43's second probe)."""
+    db = fast_worker
+    log = ServerLog()
+    leaving, staying = receivers(), receivers()
+    db.execute("SELECT outbox_subscribe('leaving.topic', %s)", (leaving.url,))
+    db.execute("SELECT outbox_subscribe('staying.topic', %s)", (staying.url,))
+    with connect() as operator:
+        operator.execute("SELECT outbox_unsubscribe('leaving.topic')")  # not committed yet
+        left, _ = enqueue(db, "leaving.topic", {"n": 1})
+        time.sleep(0.3)  # the worker has picked it up, or tried
+        enqueue(db, "staying.topic", {"n": 2})
+        staying.wait_for(1, timeout=5)
+        operator.commit()
+    time.sleep(1)
+    assert leaving.requests == []
+    # The unsubscribed topic's message waits for a consumer (or a subscription), untouched.
+    assert db.execute("SELECT status::text, waiting_for FROM outbox WHERE id = %s", (left,)).fetchone() == ("PENDING", None)
+    assert "a delivery step failed" not in log.since()
 
 
 def test_unsubscribing_gives_up_when_the_callers_lock_timeout_runs_out(db, receivers):
