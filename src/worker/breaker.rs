@@ -5,7 +5,9 @@
 //! `outbox_subscriptions`; its deliveries are then parked until `outbox_enable_subscription`.
 //!
 //! The state lives in the subscription (`failing_since`), so that it survives the worker; it is
-//! written only when it changes.
+//! written only when it changes, and never waited for: an endpoint that an operator's open
+//! transaction is changing keeps its state in the worker's eyes until a later answer can write
+//! it (the step, every endpoint's, would wait for that transaction).
 
 use super::deliver::Finished;
 use super::endpoints::Endpoints;
@@ -63,9 +65,9 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], endpoin
     let changes = changes(&latest, |id| endpoints.by_id.get(&id).is_some_and(|e| e.failing_since.is_some()));
 
     if !changes.recovered.is_empty() {
-        spi.execute(&RECOVERED, schema, &[changes.recovered.clone().into_datum()]);
-        for id in &changes.recovered {
-            if let Some(state) = endpoints.by_id.get_mut(id) {
+        let rows = spi.execute(&RECOVERED, schema, &[changes.recovered.into_datum()]);
+        for row in 0..rows.len() {
+            if let Some(state) = endpoints.by_id.get_mut(&rows.get::<i64>(row, 1).expect("id")) {
                 state.failing_since = None;
             }
         }

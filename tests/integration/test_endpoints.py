@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from conftest import configure_worker, reset_worker_settings
+from conftest import configure_worker, connect, reset_worker_settings
 from support import eventually
 
 FAST = {
@@ -158,6 +158,29 @@ def test_a_bad_network_in_the_setting_is_refused(db):
             assert "outbox.allowed_networks" in error.value.diag.message_primary
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             admin.execute("ALTER SYSTEM SET outbox.endpoint_disable_after = 'soon'")
+
+
+def test_an_operators_open_transaction_on_a_failing_endpoint_holds_back_no_other_endpoint(worker, receivers):
+    """The worker records an endpoint's failures on its subscription (failing_since). An
+    operator's open transaction on it (outbox_rotate_secret, say) held that write back, and
+    with it the worker's whole step: every endpoint waited for the operator's commit (stop 43's
+    second probe). The write is skipped instead, and made by a later answer."""
+    db = worker
+    failing, healthy = receivers(), receivers()
+    failing.answer_by_default(503)
+    failing_id = db.execute("SELECT outbox_subscribe('failing.topic', %s)", (failing.url,)).fetchone()[0]
+    db.execute("SELECT outbox_subscribe('healthy.topic', %s)", (healthy.url,))
+    with connect() as operator:
+        operator.execute("SELECT outbox_rotate_secret(%s)", (failing_id,))  # not committed yet
+        enqueue_many(db, 1, topic="failing.topic")
+        failing.wait_for(1)
+        time.sleep(0.3)  # its answer recorded, or waiting to be
+        enqueue_many(db, 1, topic="healthy.topic")
+        healthy.wait_for(1, timeout=5)
+        operator.commit()
+    # Its next failure records the run of failures.
+    eventually(lambda: db.execute("SELECT failing_since IS NOT NULL FROM outbox_subscription WHERE id = %s", (failing_id,)).fetchone()[0],
+               what="the endpoint recorded as failing")
 
 
 # -- 2. rate limits ----------------------------------------------------------------------------
