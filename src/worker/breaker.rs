@@ -5,9 +5,10 @@
 //! `outbox_subscriptions`; its deliveries are then parked until `outbox_enable_subscription`.
 //!
 //! The state lives in the subscription (`failing_since`), so that it survives the worker; it is
-//! written only when it changes, and never waited for: an endpoint that an operator's open
-//! transaction is changing keeps its state in the worker's eyes until a later answer can write
-//! it (the step, every endpoint's, would wait for that transaction).
+//! written only when it changes, and never waited for. The worker's own state follows the
+//! answers at once; a write that an operator's open transaction holds (outbox_rotate_secret, …:
+//! waiting would hold back the step, every endpoint's) is kept in [`Unwritten`] and tried again
+//! at every step until it is written, whether or not another answer comes.
 
 use super::deliver::Finished;
 use super::endpoints::Endpoints;
@@ -15,13 +16,13 @@ use crate::interval;
 use crate::spi::{Spi, Statement};
 use crate::text;
 use crate::webhook::Outcome;
-use pgrx::datum::{IntoDatum, TimestampWithTimeZone};
+use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 static RECOVERED: Statement = Statement::new(include_str!("breaker_recovered.sql"), &[INT8ARRAYOID]);
-static FAILING: Statement = Statement::new(include_str!("breaker_failing.sql"), &[INT8ARRAYOID]);
+static FAILING: Statement = Statement::new(include_str!("breaker_failing.sql"), &[INT8ARRAYOID, TIMESTAMPTZARRAYOID]);
 static DISABLE: Statement = Statement::new(include_str!("breaker_disable.sql"), &[INT8ARRAYOID, TEXTARRAYOID, INTERVALOID]);
 
 /// How the answers of one step change the endpoints' circuits.
@@ -51,11 +52,54 @@ fn changes(latest: &BTreeMap<i64, Option<String>>, failing: impl Fn(i64) -> bool
     changes
 }
 
-/// Applies what `finished` answers (in arrival order) mean for their endpoints (in the step's
+/// What the worker knows of its endpoints' circuits and their subscriptions do not show yet.
+#[derive(Debug, Default)]
+pub struct Unwritten {
+    /// Endpoints whose `failing_since` is the worker's (`EndpointState::failing_since`), not the
+    /// subscription's.
+    failing_since: BTreeSet<i64>,
+    /// Endpoints to disable, with their latest error.
+    disable: BTreeMap<i64, String>,
+}
+
+impl Unwritten {
+    /// Whether the worker's `failing_since` of endpoint `id` is still to be written (so its
+    /// subscription's is not to be read).
+    pub fn failing_since_of(&self, id: i64) -> bool {
+        self.failing_since.contains(&id)
+    }
+
+    /// Forgets what a committed step wrote (or found no longer to write).
+    pub fn written(&mut self, written: &Written) {
+        for id in &written.failing_since {
+            self.failing_since.remove(id);
+        }
+        for id in &written.disable {
+            self.disable.remove(id);
+        }
+    }
+}
+
+/// What a step wrote of [`Unwritten`], forgotten once it commits.
+#[derive(Debug, Default)]
+pub struct Written {
+    failing_since: Vec<i64>,
+    disable: Vec<i64>,
+}
+
+/// Applies what `finished` answers (in arrival order; those the breaker has not seen) mean for
+/// their endpoints, and writes what the subscriptions do not show yet (in the step's
 /// transaction).
-pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], endpoints: &mut Endpoints, disable_after: Option<Duration>) {
+pub fn record(
+    spi: &mut Spi,
+    schema: pg_sys::Oid,
+    finished: &[Finished],
+    endpoints: &mut Endpoints,
+    disable_after: Option<Duration>,
+) -> Written {
+    let now = crate::backend::now();
     let mut latest = BTreeMap::new();
-    for done in finished {
+    for done in finished.iter().filter(|done| !done.breaker_has_seen) {
         let error = match &done.answer.outcome {
             Outcome::Delivered => None,
             Outcome::Failed { error, .. } => Some(text::for_server_message(error).into_owned()),
@@ -63,36 +107,58 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], endpoin
         latest.insert(done.subscription_id, error);
     }
     let changes = changes(&latest, |id| endpoints.by_id.get(&id).is_some_and(|e| e.failing_since.is_some()));
-
-    if !changes.recovered.is_empty() {
-        let rows = spi.execute(&RECOVERED, schema, &[changes.recovered.into_datum()]);
-        for row in 0..rows.len() {
-            if let Some(state) = endpoints.by_id.get_mut(&rows.get::<i64>(row, 1).expect("id")) {
-                state.failing_since = None;
-            }
-        }
-    }
-    if !changes.started_failing.is_empty() {
-        let rows = spi.execute(&FAILING, schema, &[changes.started_failing.into_datum()]);
-        for row in 0..rows.len() {
-            let id: i64 = rows.get(row, 1).expect("id");
+    let unwritten = &mut endpoints.breaker_unwritten;
+    for (ids, since) in [(&changes.recovered, None), (&changes.started_failing, Some(now))] {
+        for &id in ids {
             if let Some(state) = endpoints.by_id.get_mut(&id) {
-                state.failing_since = rows.get::<TimestampWithTimeZone>(row, 2).map(TimestampWithTimeZone::into_inner);
+                state.failing_since = since;
+                unwritten.failing_since.insert(id);
+                unwritten.disable.remove(&id);
             }
         }
     }
-    let Some(disable_after) = disable_after else { return };
-    let now = crate::backend::now();
+    if disable_after.is_some() {
+        unwritten.disable.extend(changes.still_failing);
+    }
+    let mut written = Written::default();
+    // (A subscription gone has nothing to write.)
+    unwritten.failing_since.retain(|id| endpoints.by_id.contains_key(id));
+    unwritten.disable.retain(|id, _| endpoints.by_id.contains_key(id));
+
+    let (mut clear, mut set, mut since) = (Vec::new(), Vec::new(), Vec::new());
+    for &id in &unwritten.failing_since {
+        match endpoints.by_id[&id].failing_since {
+            None => clear.push(id),
+            Some(at) => {
+                set.push(id);
+                since.push(pgrx::datum::TimestampWithTimeZone::try_from(at).ok());
+            }
+        }
+    }
+    if !clear.is_empty() {
+        written.failing_since.extend(locked_ids(spi.execute(&RECOVERED, schema, &[clear.into_datum()])));
+    }
+    if !set.is_empty() {
+        written.failing_since.extend(locked_ids(spi.execute(&FAILING, schema, &[set.into_datum(), since.into_datum()])));
+    }
+
+    let Some(disable_after) = disable_after else {
+        written.disable.extend(unwritten.disable.keys());
+        return written;
+    };
     let limit = i64::try_from(disable_after.as_micros()).unwrap_or(i64::MAX);
-    let (ids, errors): (Vec<i64>, Vec<String>) = changes
-        .still_failing
-        .into_iter()
-        .filter(|(id, _)| {
-            endpoints.by_id.get(id).is_some_and(|e| e.enabled && e.failing_since.is_some_and(|since| now.saturating_sub(since) >= limit))
-        })
-        .unzip();
+    let (mut ids, mut errors) = (Vec::new(), Vec::new());
+    for (&id, error) in &unwritten.disable {
+        let state = &endpoints.by_id[&id];
+        if state.enabled && state.failing_since.is_some_and(|since| now.saturating_sub(since) >= limit) {
+            ids.push(id);
+            errors.push(error.clone());
+        } else {
+            written.disable.push(id); // not for long enough (a later failure asks again), or disabled meanwhile
+        }
+    }
     if ids.is_empty() {
-        return;
+        return written;
     }
     let rows = spi.execute(&DISABLE, schema, &[ids.into_datum(), errors.into_datum(), interval::from_duration(disable_after).into_datum()]);
     for row in 0..rows.len() {
@@ -105,7 +171,14 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], endpoin
         if let Some(state) = endpoints.by_id.get_mut(&id) {
             state.enabled = false;
         }
+        written.disable.push(id);
     }
+    written
+}
+
+/// The ids (first column) of the subscriptions a statement locked.
+fn locked_ids(rows: crate::spi::Rows<'_>) -> Vec<i64> {
+    (0..rows.len()).map(|row| rows.get::<i64>(row, 1).expect("id")).collect()
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 -- Endpoints $1 (their latest errors $2, pairwise) that have failed every attempt for at least
 -- $3 (outbox.endpoint_disable_after) are disabled, with the reason. One an operator's open
--- transaction is changing is skipped, not waited for (as in breaker_recovered.sql): its next
--- failure tries again. Returns those it disabled.
+-- transaction is changing is skipped, not waited for (as in breaker_recovered.sql): the worker
+-- tries again at its next step. Returns those it disabled.
 UPDATE @extschema@.outbox_subscription s
    SET enabled = false,
        disabled_reason = pg_catalog.format(

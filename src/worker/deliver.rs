@@ -41,6 +41,9 @@ pub struct Finished {
     /// The thread went on with the endpoint's next queued delivery, in the same slot: its
     /// payload's size and when it gives up at the latest.
     pub continued_with: Option<(usize, Instant)>,
+    /// The breaker has counted it (a step recorded it for the endpoint but could not for its
+    /// delivery, which another transaction held: record.rs).
+    pub breaker_has_seen: bool,
 }
 
 pub struct Pool {
@@ -233,6 +236,7 @@ fn helper(queue: Arc<Mutex<Receiver<Job>>>, way_back: WayBack, agent: ureq::Agen
                 answer,
                 body_bytes: job.message.body.len(),
                 continued_with: next.as_ref().map(|next| (next.message.body.len(), Instant::now() + next.endpoint.timeout)),
+                breaker_has_seen: false,
             };
             if !way_back.answer(finished) {
                 return;

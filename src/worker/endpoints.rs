@@ -227,6 +227,8 @@ pub struct Endpoints {
     /// Topics the pick-up leaves alone for a moment (an operator is changing their
     /// subscriptions).
     pub held_back_topics: super::claim::HeldBackTopics,
+    /// The circuits' changes the subscriptions do not show yet (breaker.rs).
+    pub breaker_unwritten: super::breaker::Unwritten,
     /// A claim left due deliveries behind because their payloads did not fit the worker's
     /// memory (outbox.worker_memory): no claim until an answer (or a hand-back) frees some.
     pub waiting_for_payload_room: bool,
@@ -260,7 +262,7 @@ impl Endpoints {
             };
             let timeout = timeout_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)).unwrap_or(http_timeout).min(MAX_REQUEST);
             let enabled: bool = rows.get(row, 7).unwrap_or(true);
-            let failing_since = rows.get::<TimestampWithTimeZone>(row, 8).map(TimestampWithTimeZone::into_inner);
+            let mut failing_since = rows.get::<TimestampWithTimeZone>(row, 8).map(TimestampWithTimeZone::into_inner);
             let rate_limit: Option<f64> = rows.get(row, 9);
             let max_in_flight = rows.get::<i32>(row, 10).map(|n| n.max(1) as usize);
             // The key before a rotation, while the overlap lasts (an undecodable one is dropped).
@@ -277,6 +279,9 @@ impl Endpoints {
             let known = self.by_id.get(&id);
             let (in_flight, due_now, next_due) = known.map_or((0, true, None), |k| (k.in_flight, k.due_now, k.next_due));
             let failure_unrecorded = known.is_some_and(|k| k.failure_unrecorded);
+            if let Some(known) = known.filter(|_| self.breaker_unwritten.failing_since_of(id)) {
+                failing_since = known.failing_since; // the worker's, not yet written
+            }
             // The bucket carries over a reload (a new limit applies from its current level).
             let rate = rate_limit.map(|per_second| match known.and_then(|k| k.rate) {
                 Some(bucket) => bucket.with_rate(per_second),

@@ -27,18 +27,20 @@ WITH ready AS (
      ORDER BY o.available_at, o.id
      LIMIT $3
        FOR UPDATE SKIP LOCKED
+), ready_topics AS MATERIALIZED (
+    SELECT ARRAY(SELECT DISTINCT r.topic::pg_catalog.text FROM ready r) AS topics
 ), held AS MATERIALIZED (
     -- The subscriptions of those messages' topics, locked as each new delivery's foreign key
     -- locks them, skipping any that an operator is removing.
     SELECT s.id, s.topic
       FROM @extschema@.outbox_subscription s
-     WHERE s.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT DISTINCT r.topic::pg_catalog.text FROM ready r))
+     WHERE s.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ((SELECT t.topics FROM ready_topics t)::pg_catalog.text[])
        FOR KEY SHARE SKIP LOCKED
 ), unsettled AS MATERIALIZED (
     -- Topics with a subscription in the snapshot that could not be locked.
     SELECT ARRAY(SELECT DISTINCT s.topic::pg_catalog.text
                    FROM @extschema@.outbox_subscription s
-                  WHERE s.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT DISTINCT r.topic::pg_catalog.text FROM ready r))
+                  WHERE s.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ((SELECT t.topics FROM ready_topics t)::pg_catalog.text[])
                     AND s.id OPERATOR(pg_catalog.<>) ALL (ARRAY(SELECT h.id FROM held h))) AS topics
 ), made AS (
     INSERT INTO @extschema@.outbox_delivery AS d

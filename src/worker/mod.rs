@@ -16,7 +16,9 @@
 //!    next claim (once a batch of answers is in, within [`RECORD_WITHIN`] of the first, or at
 //!    once when nothing is queued): DONE, retried after the backoff, or DEAD; the attempt log;
 //!    the messages whose deliveries have all ended; and what they mean for their endpoints
-//!    (`breaker.rs`: failing, recovered, disabled after failing too long);
+//!    (`breaker.rs`: failing, recovered, disabled after failing too long). What an operator's
+//!    open transaction holds is never waited for: those answers, and the breaker's writes,
+//!    wait for a later step;
 //! 4. **sleep** (`sleep.rs`): until an answer comes back, a producer commits, a delivery falls
 //!    due or the poll interval passes.
 //!
@@ -110,6 +112,8 @@ struct Worker {
     /// them came back.
     finished: Vec<Finished>,
     finished_since: Option<Instant>,
+    /// Answers whose deliveries an operator's open transaction held, for a later step.
+    held_answers: record::HeldBack<Finished>,
     /// Leased deliveries that will not be sent, to hand back in the next step.
     handing_back: Vec<Claimed>,
     housekeeping: Housekeeping,
@@ -137,6 +141,8 @@ enum Step {
     NotNeeded,
     Ran {
         recorded: record::Recorded,
+        /// What the breaker wrote (forgotten once the step commits).
+        breaker_written: breaker::Written,
         claimed: Vec<endpoints::Queued>,
     },
     NoExtension,
@@ -155,6 +161,7 @@ impl Worker {
             endpoints: Endpoints::default(),
             finished: Vec::new(),
             finished_since: None,
+            held_answers: record::HeldBack::default(),
             handing_back: Vec::new(),
             housekeeping: Housekeeping::default(),
             next_refresh: Instant::now(),
@@ -221,6 +228,11 @@ impl Worker {
                 self.next_refresh = Instant::now();
             }
             self.take_answers();
+            let held_back = self.held_answers.take_due(Instant::now());
+            if !held_back.is_empty() {
+                self.finished_since.get_or_insert_with(Instant::now);
+                self.finished.extend(held_back);
+            }
             self.endpoints.mark_due(crate::backend::now());
 
             let claiming = self.claiming();
@@ -238,11 +250,20 @@ impl Worker {
             };
             match step {
                 Ok(Step::BackingOff | Step::NotNeeded) => {}
-                Ok(Step::Ran { recorded, claimed }) => {
+                Ok(Step::Ran { recorded, breaker_written, claimed }) => {
+                    self.endpoints.breaker_unwritten.written(&breaker_written);
                     self.waiting_for_update = false;
                     self.retry_wait = FIRST_RETRY_WAIT;
                     self.retry_at = None;
-                    self.finished.clear();
+                    let held =
+                        std::mem::take(&mut self.finished).into_iter().enumerate().filter(|(index, _)| recorded.held.contains(index));
+                    self.held_answers.hold(
+                        held.map(|(_, mut answer)| {
+                            answer.breaker_has_seen = true;
+                            answer
+                        }),
+                        Instant::now(),
+                    );
                     self.finished_since = None;
                     if !self.handing_back.is_empty() {
                         self.endpoints.waiting_for_payload_room = false; // their payloads' room is free
@@ -276,7 +297,8 @@ impl Worker {
             self.publish_state();
 
             if self.draining {
-                let done = self.pool.in_flight() == 0 && self.finished.is_empty() && self.handing_back.is_empty();
+                let done =
+                    self.pool.in_flight() == 0 && self.finished.is_empty() && self.held_answers.is_empty() && self.handing_back.is_empty();
                 if done || self.drain_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                     return ExitReason::Stopped;
                 }
@@ -349,7 +371,7 @@ impl Worker {
         let policy = settings::retry_policy();
         let mut spi = Spi::connect();
         let recorded = record::record(&mut spi, schema, &self.finished, &policy, &mut self.endpoints);
-        breaker::record(&mut spi, schema, &self.finished, &mut self.endpoints, self.settings.endpoint_disable_after);
+        let breaker_written = breaker::record(&mut spi, schema, &self.finished, &mut self.endpoints, self.settings.endpoint_disable_after);
         let mut claimed = Vec::new();
         if claiming && Instant::now() >= self.next_refresh {
             if self.endpoints.reload(schema, self.settings.http_timeout) {
@@ -390,7 +412,7 @@ impl Worker {
             }
         }
         spi.finish();
-        Step::Ran { recorded, claimed }
+        Step::Ran { recorded, breaker_written, claimed }
     }
 
     /// Whether a step has work: answers to record (a batch of them, or the first one waiting
@@ -500,6 +522,9 @@ impl Worker {
         }
         if let Some(since) = self.finished_since {
             wait = wait.min(RECORD_WITHIN.saturating_sub(since.elapsed()));
+        }
+        if let Some(until) = self.held_answers.until() {
+            wait = wait.min(until.saturating_duration_since(Instant::now()));
         }
         if self.draining {
             // Whatever is still out gives up by its timeout; look at least once a second.

@@ -1,7 +1,8 @@
 //! Record, the worker's third step: what each request's answer means for its delivery (DONE, a
 //! retry after the backoff or the endpoint's Retry-After, or DEAD: policy.rs decides), the
 //! attempt log, and the messages whose deliveries have all ended (DONE, or DEAD when any of
-//! them is). All of one step's answers are recorded in one transaction.
+//! them is). All of one step's answers are recorded in one transaction, but for those whose
+//! deliveries an operator's open transaction holds: they wait for a later step.
 
 use super::deliver::Finished;
 use super::endpoints::Endpoints;
@@ -12,6 +13,8 @@ use crate::webhook::Outcome;
 use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
+use std::collections::BTreeSet;
+use std::time::Instant;
 
 static DELIVERED: Statement = Statement::new(include_str!("record_delivered.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID]);
 static RETRY: Statement = Statement::new(
@@ -23,6 +26,8 @@ static LOG_ATTEMPTS: Statement = Statement::new(
     include_str!("log_attempts.sql"),
     &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TIMESTAMPTZARRAYOID, INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID],
 );
+static LOCK_ANSWERED: Statement = Statement::new(include_str!("lock_answered.sql"), &[INT8ARRAYOID, INT8ARRAYOID]);
+static HELD_ANSWERED: Statement = Statement::new(include_str!("held_answered.sql"), &[INT8ARRAYOID, INT8ARRAYOID]);
 static LOCK_MESSAGES: Statement = Statement::new(include_str!("lock_messages.sql"), &[INT8ARRAYOID]);
 static MESSAGES_TO_SETTLE: Statement = Statement::new(include_str!("messages_to_settle.sql"), &[INT8ARRAYOID]);
 static ORPHANED: Statement = Statement::new(include_str!("orphaned_messages.sql"), &[]);
@@ -36,6 +41,52 @@ pub struct Recorded {
     pub failed: usize,
     /// Answers whose delivery no longer waited for them (an operator redelivered it meanwhile).
     pub no_longer_held: usize,
+    /// The answers (indexes in the step's) whose deliveries another transaction holds: not
+    /// recorded, left for a later step.
+    pub held: Vec<usize>,
+}
+
+/// Answers whose deliveries an operator's open transaction held (an unsubscribe deleting them,
+/// a redelivery): recorded again after [`HOLD_BACK`](super::claim::HOLD_BACK), rather than
+/// at every step meanwhile.
+pub struct HeldBack<T> {
+    held: Vec<T>,
+    until: Option<Instant>,
+}
+
+impl<T> Default for HeldBack<T> {
+    fn default() -> Self {
+        HeldBack { held: Vec::new(), until: None }
+    }
+}
+
+impl<T> HeldBack<T> {
+    /// Holds `answers` back from `now` (with those already held, for the whole new term).
+    pub fn hold(&mut self, answers: impl IntoIterator<Item = T>, now: Instant) {
+        let before = self.held.len();
+        self.held.extend(answers);
+        if self.held.len() > before {
+            self.until = Some(now + super::claim::HOLD_BACK);
+        }
+    }
+
+    /// The answers whose hold ran out by `now` (all of them, or none).
+    pub fn take_due(&mut self, now: Instant) -> Vec<T> {
+        if self.until.is_some_and(|until| now >= until) {
+            self.until = None;
+            return std::mem::take(&mut self.held);
+        }
+        Vec::new()
+    }
+
+    /// When the answers held back are to be recorded again.
+    pub fn until(&self) -> Option<Instant> {
+        self.until
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
 }
 
 /// One column of a batch statement.
@@ -63,10 +114,16 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
     // The messages first, then their deliveries: the order outbox_redeliver locks them in (the
     // other order deadlocked with it).
     lock_messages(spi, schema, finished.iter().map(|done| done.message_id).collect());
+    let held = held_by_others(spi, schema, finished);
+    let is_held = |done: &Finished| held.contains(&(done.message_id, done.subscription_id));
     let (mut delivered, mut retried, mut dead) = (Columns::default(), Columns::default(), Columns::default());
     let (mut waits, mut retry_errors, mut dead_errors) = (Vec::new(), Vec::new(), Vec::new());
     let now = crate::backend::now();
-    for done in finished {
+    for (index, done) in finished.iter().enumerate() {
+        if is_held(done) {
+            recorded.held.push(index);
+            continue;
+        }
         match &done.answer.outcome {
             Outcome::Delivered => delivered.push(done),
             Outcome::Failed { error, retry_after } => {
@@ -136,7 +193,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
         ended_messages.extend(ended);
     }
 
-    log_attempts(spi, schema, finished);
+    log_attempts(spi, schema, finished.iter().filter(|done| !is_held(done)));
     settle_locked_messages(spi, schema, ended_messages);
     recorded
 }
@@ -152,7 +209,25 @@ pub fn end_deliveries(spi: &mut Spi, schema: pg_sys::Oid, statement: &'static St
     messages
 }
 
-fn log_attempts(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished]) {
+/// The answers among `finished` whose deliveries another transaction holds (an operator's
+/// unsubscribe or redelivery not yet committed), as (message, endpoint); locks the others'.
+fn held_by_others(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished]) -> BTreeSet<(i64, i64)> {
+    fn keys<'a>(answers: impl Iterator<Item = &'a Finished>) -> [Option<pg_sys::Datum>; 2] {
+        let (messages, endpoints): (Vec<i64>, Vec<i64>) = answers.map(|done| (done.message_id, done.subscription_id)).unzip();
+        [messages.into_datum(), endpoints.into_datum()]
+    }
+    fn rows_to_keys(rows: &crate::spi::Rows<'_>) -> BTreeSet<(i64, i64)> {
+        (0..rows.len()).map(|row| (rows.get(row, 1).expect("message"), rows.get(row, 2).expect("endpoint"))).collect()
+    }
+    let locked = rows_to_keys(&spi.execute(&LOCK_ANSWERED, schema, &keys(finished.iter())));
+    let mut not_locked = finished.iter().filter(|done| !locked.contains(&(done.message_id, done.subscription_id))).peekable();
+    if not_locked.peek().is_none() {
+        return BTreeSet::new();
+    }
+    rows_to_keys(&spi.execute(&HELD_ANSWERED, schema, &keys(not_locked)))
+}
+
+fn log_attempts<'a>(spi: &mut Spi, schema: pg_sys::Oid, finished: impl Iterator<Item = &'a Finished>) {
     let mut columns = Columns::default();
     let (mut started, mut micros, mut statuses, mut errors) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for done in finished {
@@ -239,4 +314,26 @@ pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid) {
         }
     }
     settle_messages(spi, schema, with_deliveries);
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::super::claim::HOLD_BACK;
+    use super::HeldBack;
+    use std::time::Instant;
+
+    #[test]
+    fn answers_held_back_come_back_together_once_the_hold_runs_out() {
+        let start = Instant::now();
+        let mut held = HeldBack::default();
+        held.hold([1, 2], start);
+        assert_eq!(held.until(), Some(start + HOLD_BACK));
+        assert!(held.take_due(start + HOLD_BACK / 2).is_empty(), "not before the hold runs out");
+        held.hold([3], start + HOLD_BACK / 2);
+        assert!(held.take_due(start + HOLD_BACK).is_empty(), "a new answer held starts a new term for all");
+        assert_eq!(held.take_due(start + HOLD_BACK / 2 + HOLD_BACK), vec![1, 2, 3]);
+        assert!(held.is_empty() && held.until().is_none());
+        held.hold([], start);
+        assert_eq!(held.until(), None, "holding nothing sets no term");
+    }
 }

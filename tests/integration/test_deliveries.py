@@ -3,6 +3,7 @@ backoff, DONE or DEAD), every HTTP attempt is logged, and an operator can replay
 real local receivers and the delivery worker of the test database."""
 
 import json
+import re
 import threading
 import time
 
@@ -240,6 +241,33 @@ def test_an_unsubscribe_not_yet_committed_holds_back_no_other_topic(fast_worker,
     assert leaving.requests == []
     # The unsubscribed topic's message waits for a consumer (or a subscription), untouched.
     assert db.execute("SELECT status::text, waiting_for FROM outbox WHERE id = %s", (left,)).fetchone() == ("PENDING", None)
+    assert "a delivery step failed" not in log.since()
+
+
+def test_an_unsubscribe_not_yet_committed_with_requests_in_flight_holds_back_no_other_topic(fast_worker, receivers):
+    """The answers of an endpoint being unsubscribed are recorded on deliveries that the
+    operator's open transaction is deleting. The worker waited for those rows, and every topic
+    with it, until the commit or its 10 s lock_timeout (stop 44's probe). It now leaves those
+    answers for a later step and goes on."""
+    db = fast_worker
+    log = ServerLog()
+    leaving, staying = receivers(), receivers()
+    leaving.answer_by_default(200, delay=0.5)
+    db.execute("SELECT outbox_subscribe('leaving.topic', %s)", (leaving.url,))
+    db.execute("SELECT outbox_subscribe('staying.topic', %s)", (staying.url,))
+    for n in range(4):
+        enqueue(db, "leaving.topic", {"n": n})
+    leaving.wait_for(4, timeout=5, started=True)  # in flight: their answers come back in 0.5 s
+    with connect() as operator:
+        operator.execute("SELECT outbox_unsubscribe('leaving.topic')")  # not committed yet
+        time.sleep(1)  # the answers are back, and wait to be recorded
+        enqueue(db, "staying.topic", {"n": 5})
+        staying.wait_for(1, timeout=5)
+        operator.commit()
+    let_go = r"(\d+) answer\(s\) came back for deliveries that no longer waited for them"
+    eventually(lambda: sum(int(n) for n in re.findall(let_go, log.since())) == 4,
+               what="the answers of the unsubscribed endpoint to be let go")
+    assert db.execute("SELECT count(*) FROM outbox_delivery").fetchone()[0] == 1  # staying.topic's
     assert "a delivery step failed" not in log.since()
 
 

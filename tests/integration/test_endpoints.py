@@ -183,6 +183,37 @@ def test_an_operators_open_transaction_on_a_failing_endpoint_holds_back_no_other
                what="the endpoint recorded as failing")
 
 
+def test_a_recovery_an_operators_transaction_held_back_is_recorded_after_its_commit(worker, receivers):
+    """A failing endpoint that answers is no longer failing. While an operator's open transaction
+    held its subscription, the worker left that unwritten for a later answer to write; with
+    none, the subscription stayed failing, and its next single failure, once
+    outbox.endpoint_disable_after had passed, disabled it at once (stop 44's probe). The write is
+    tried again at the next steps."""
+    db = worker
+    configure_worker({"outbox.endpoint_disable_after": "2s"})
+    receiver = receivers()
+    receiver.answer(503)  # then 200s
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,)).fetchone()[0]
+    failing = "SELECT failing_since IS NOT NULL FROM outbox_subscription WHERE id = %s"
+    with connect() as operator:
+        enqueue_many(db, 1)
+        eventually(lambda: db.execute(failing, (subscription,)).fetchone()[0], what="the endpoint recorded as failing")
+        operator.execute("SELECT outbox_rotate_secret(%s)", (subscription,))  # not committed yet
+        eventually(lambda: done(db) == 1, what="the retry delivered")
+        time.sleep(0.5)
+        operator.commit()
+    # Recorded without a further answer.
+    eventually(lambda: not db.execute(failing, (subscription,)).fetchone()[0], timeout=5, what="the recovery recorded")
+    time.sleep(2.5)  # longer than outbox.endpoint_disable_after
+    receiver.answer(503)
+    enqueue_many(db, 1)
+    eventually(lambda: db.execute(failing, (subscription,)).fetchone()[0], what="the new failure recorded")
+    time.sleep(0.5)
+    assert db.execute("SELECT enabled FROM outbox_subscription WHERE id = %s", (subscription,)).fetchone()[0], \
+        "one failure disabled the endpoint"
+    eventually(lambda: done(db) == 2, what="the second message delivered")
+
+
 # -- 2. rate limits ----------------------------------------------------------------------------
 
 
