@@ -12,8 +12,9 @@ use crate::webhook::Message;
 use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID]);
 static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID]);
@@ -27,56 +28,6 @@ pub struct Claimed {
     pub message_id: i64,
     pub subscription_id: i64,
     pub message: Arc<Message>,
-}
-
-/// How long pick-ups leave alone a topic whose subscriptions an operator is changing.
-pub const HOLD_BACK: Duration = Duration::from_millis(100);
-
-/// Topics a pick-up left alone because an operator was changing their subscriptions (an
-/// unsubscribe not yet committed: fan_out.sql). The next pick-ups skip them for [`HOLD_BACK`],
-/// so that their messages do not fill every batch meanwhile; then they are tried again.
-#[derive(Debug, Default)]
-pub struct HeldBackTopics {
-    topics: Vec<String>,
-    until: Option<Instant>,
-}
-
-impl HeldBackTopics {
-    /// `topics` less those held back at `now`.
-    pub fn excluding(&self, mut topics: Vec<String>, now: Instant) -> Vec<String> {
-        if self.until.is_some_and(|until| now < until) {
-            topics.retain(|topic| !self.topics.contains(topic));
-        }
-        topics
-    }
-
-    /// Holds `topics` back from `now` (with those already held, for the whole new term).
-    pub fn hold(&mut self, topics: Vec<String>, now: Instant) {
-        if topics.is_empty() {
-            return;
-        }
-        for topic in topics {
-            if !self.topics.contains(&topic) {
-                self.topics.push(topic);
-            }
-        }
-        self.until = Some(now + HOLD_BACK);
-    }
-
-    /// When the topics held back are to be tried again.
-    pub fn until(&self) -> Option<Instant> {
-        self.until
-    }
-
-    /// Whether a hold ran out by `now`: then it is forgotten, and its topics' messages may be
-    /// ready.
-    pub fn take_expired(&mut self, now: Instant) -> bool {
-        let expired = self.until.is_some_and(|until| now >= until);
-        if expired {
-            *self = HeldBackTopics::default();
-        }
-        expired
-    }
 }
 
 /// Makes the deliveries of up to `batch` ready messages of the delivered topics; marks the
@@ -203,14 +154,16 @@ pub fn claim_for_endpoint(
 }
 
 /// Hands back deliveries leased but not sent (in a transaction): due again, their attempt not
-/// counted.
-pub fn hand_back(spi: &mut Spi, schema: pg_sys::Oid, deliveries: &[Claimed]) {
+/// counted. Returns those another transaction holds (endpoint, message), still leased: to be
+/// handed back by a later step.
+pub fn hand_back(spi: &mut Spi, schema: pg_sys::Oid, deliveries: &[Claimed]) -> BTreeSet<(i64, i64)> {
     if deliveries.is_empty() {
-        return;
+        return BTreeSet::new();
     }
     let endpoints: Vec<i64> = deliveries.iter().map(|d| d.subscription_id).collect();
     let messages: Vec<i64> = deliveries.iter().map(|d| d.message_id).collect();
-    spi.execute(&HAND_BACK, schema, &[endpoints.into_datum(), messages.into_datum()]);
+    let held = spi.execute(&HAND_BACK, schema, &[endpoints.into_datum(), messages.into_datum()]);
+    (0..held.len()).map(|row| (held.get(row, 1).expect("endpoint"), held.get(row, 2).expect("message"))).collect()
 }
 
 /// [name, value, name, value, …] as pairs.
@@ -244,33 +197,7 @@ pub fn release_predecessors_leases(schema: pg_sys::Oid) -> usize {
 
 #[cfg(test)]
 mod unit_tests {
-    use super::{fitting, HeldBackTopics, HOLD_BACK};
-    use std::time::{Duration, Instant};
-
-    fn topics(names: &[&str]) -> Vec<String> {
-        names.iter().map(|name| name.to_string()).collect()
-    }
-
-    #[test]
-    fn a_topic_held_back_is_skipped_until_the_hold_runs_out() {
-        let mut held = HeldBackTopics::default();
-        let start = Instant::now();
-        assert_eq!(held.excluding(topics(&["a", "b"]), start), topics(&["a", "b"]));
-        assert!(!held.take_expired(start), "nothing held");
-        held.hold(topics(&["a"]), start);
-        assert_eq!(held.until(), Some(start + HOLD_BACK));
-        assert_eq!(held.excluding(topics(&["a", "b"]), start + HOLD_BACK / 2), topics(&["b"]));
-        held.hold(topics(&["b"]), start + HOLD_BACK / 2);
-        assert_eq!(held.excluding(topics(&["a", "b", "c"]), start + HOLD_BACK), topics(&["c"]), "both, for the new term");
-        let end = start + HOLD_BACK / 2 + HOLD_BACK;
-        assert_eq!(held.excluding(topics(&["a", "b"]), end), topics(&["a", "b"]));
-        assert!(!held.take_expired(end - Duration::from_millis(1)));
-        assert!(held.take_expired(end), "then the topics' messages may be ready");
-        assert_eq!(held.until(), None);
-        assert!(!held.take_expired(end), "once");
-        held.hold(Vec::new(), end);
-        assert_eq!(held.until(), None, "nothing to hold");
-    }
+    use super::fitting;
 
     #[test]
     fn payloads_are_chosen_within_the_memory_budget() {

@@ -226,7 +226,7 @@ pub struct Endpoints {
     pub fan_out_head: QueueHead,
     /// Topics the pick-up leaves alone for a moment (an operator is changing their
     /// subscriptions).
-    pub held_back_topics: super::claim::HeldBackTopics,
+    pub held_back_topics: super::held_back::HeldBackTopics,
     /// The circuits' changes the subscriptions do not show yet (breaker.rs).
     pub breaker_unwritten: super::breaker::Unwritten,
     /// A claim left due deliveries behind because their payloads did not fit the worker's

@@ -31,6 +31,7 @@ mod breaker;
 mod claim;
 mod deliver;
 mod endpoints;
+mod held_back;
 pub mod hooks;
 mod housekeeping;
 pub mod launcher;
@@ -52,10 +53,12 @@ use crate::webhook::AllowedNetworks;
 use claim::Claimed;
 use deliver::{Finished, Pool};
 use endpoints::Endpoints;
+use held_back::HeldBack;
 use housekeeping::Housekeeping;
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys;
 use registry::{ExitReason, WorkerState};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -113,9 +116,11 @@ struct Worker {
     finished: Vec<Finished>,
     finished_since: Option<Instant>,
     /// Answers whose deliveries an operator's open transaction held, for a later step.
-    held_answers: record::HeldBack<Finished>,
+    held_answers: HeldBack<Finished>,
     /// Leased deliveries that will not be sent, to hand back in the next step.
     handing_back: Vec<Claimed>,
+    /// Deliveries to hand back that an operator's open transaction held, for a later step.
+    held_hand_backs: HeldBack<Claimed>,
     housekeeping: Housekeeping,
     /// Subscriptions and due times are read again after this.
     next_refresh: Instant,
@@ -143,6 +148,8 @@ enum Step {
         recorded: record::Recorded,
         /// What the breaker wrote (forgotten once the step commits).
         breaker_written: breaker::Written,
+        /// The deliveries to hand back (endpoint, message) that another transaction holds.
+        hand_backs_held: BTreeSet<(i64, i64)>,
         claimed: Vec<endpoints::Queued>,
     },
     NoExtension,
@@ -161,8 +168,9 @@ impl Worker {
             endpoints: Endpoints::default(),
             finished: Vec::new(),
             finished_since: None,
-            held_answers: record::HeldBack::default(),
+            held_answers: HeldBack::default(),
             handing_back: Vec::new(),
+            held_hand_backs: HeldBack::default(),
             housekeeping: Housekeeping::default(),
             next_refresh: Instant::now(),
             retry_wait: FIRST_RETRY_WAIT,
@@ -233,6 +241,7 @@ impl Worker {
                 self.finished_since.get_or_insert_with(Instant::now);
                 self.finished.extend(held_back);
             }
+            self.handing_back.extend(self.held_hand_backs.take_due(Instant::now()));
             self.endpoints.mark_due(crate::backend::now());
 
             let claiming = self.claiming();
@@ -250,7 +259,7 @@ impl Worker {
             };
             match step {
                 Ok(Step::BackingOff | Step::NotNeeded) => {}
-                Ok(Step::Ran { recorded, breaker_written, claimed }) => {
+                Ok(Step::Ran { recorded, breaker_written, hand_backs_held, claimed }) => {
                     self.endpoints.breaker_unwritten.written(&breaker_written);
                     self.waiting_for_update = false;
                     self.retry_wait = FIRST_RETRY_WAIT;
@@ -265,10 +274,13 @@ impl Worker {
                         Instant::now(),
                     );
                     self.finished_since = None;
-                    if !self.handing_back.is_empty() {
+                    let (held, handed_back): (Vec<_>, Vec<_>) = std::mem::take(&mut self.handing_back)
+                        .into_iter()
+                        .partition(|back| hand_backs_held.contains(&(back.subscription_id, back.message_id)));
+                    if !handed_back.is_empty() {
                         self.endpoints.waiting_for_payload_room = false; // their payloads' room is free
                     }
-                    self.handing_back.clear();
+                    self.held_hand_backs.hold(held, Instant::now());
                     self.endpoints.answers_recorded();
                     self.report(&recorded);
                     for queued in claimed {
@@ -297,8 +309,11 @@ impl Worker {
             self.publish_state();
 
             if self.draining {
-                let done =
-                    self.pool.in_flight() == 0 && self.finished.is_empty() && self.held_answers.is_empty() && self.handing_back.is_empty();
+                let done = self.pool.in_flight() == 0
+                    && self.finished.is_empty()
+                    && self.held_answers.is_empty()
+                    && self.handing_back.is_empty()
+                    && self.held_hand_backs.is_empty();
                 if done || self.drain_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                     return ExitReason::Stopped;
                 }
@@ -387,7 +402,7 @@ impl Worker {
         // Queued for endpoints disabled (by the breaker, an operator) or gone: not sent. (A
         // worker not claiming emptied every queue before the step.)
         self.handing_back.extend(self.endpoints.take_unsendable(false));
-        claim::hand_back(&mut spi, schema, &self.handing_back);
+        let hand_backs_held = claim::hand_back(&mut spi, schema, &self.handing_back);
         if claiming {
             let (now, claimed_at) = (crate::backend::now(), Instant::now());
             if self.messages_may_be_ready {
@@ -412,7 +427,7 @@ impl Worker {
             }
         }
         spi.finish();
-        Step::Ran { recorded, breaker_written, claimed }
+        Step::Ran { recorded, breaker_written, hand_backs_held, claimed }
     }
 
     /// Whether a step has work: answers to record (a batch of them, or the first one waiting
@@ -523,7 +538,7 @@ impl Worker {
         if let Some(since) = self.finished_since {
             wait = wait.min(RECORD_WITHIN.saturating_sub(since.elapsed()));
         }
-        if let Some(until) = self.held_answers.until() {
+        for until in [self.held_answers.until(), self.held_hand_backs.until()].into_iter().flatten() {
             wait = wait.min(until.saturating_duration_since(Instant::now()));
         }
         if self.draining {

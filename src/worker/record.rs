@@ -14,7 +14,6 @@ use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::collections::BTreeSet;
-use std::time::Instant;
 
 static DELIVERED: Statement = Statement::new(include_str!("record_delivered.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID]);
 static RETRY: Statement = Statement::new(
@@ -44,49 +43,6 @@ pub struct Recorded {
     /// The answers (indexes in the step's) whose deliveries another transaction holds: not
     /// recorded, left for a later step.
     pub held: Vec<usize>,
-}
-
-/// Answers whose deliveries an operator's open transaction held (an unsubscribe deleting them,
-/// a redelivery): recorded again after [`HOLD_BACK`](super::claim::HOLD_BACK), rather than
-/// at every step meanwhile.
-pub struct HeldBack<T> {
-    held: Vec<T>,
-    until: Option<Instant>,
-}
-
-impl<T> Default for HeldBack<T> {
-    fn default() -> Self {
-        HeldBack { held: Vec::new(), until: None }
-    }
-}
-
-impl<T> HeldBack<T> {
-    /// Holds `answers` back from `now` (with those already held, for the whole new term).
-    pub fn hold(&mut self, answers: impl IntoIterator<Item = T>, now: Instant) {
-        let before = self.held.len();
-        self.held.extend(answers);
-        if self.held.len() > before {
-            self.until = Some(now + super::claim::HOLD_BACK);
-        }
-    }
-
-    /// The answers whose hold ran out by `now` (all of them, or none).
-    pub fn take_due(&mut self, now: Instant) -> Vec<T> {
-        if self.until.is_some_and(|until| now >= until) {
-            self.until = None;
-            return std::mem::take(&mut self.held);
-        }
-        Vec::new()
-    }
-
-    /// When the answers held back are to be recorded again.
-    pub fn until(&self) -> Option<Instant> {
-        self.until
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
-    }
 }
 
 /// One column of a batch statement.
@@ -314,26 +270,4 @@ pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid) {
         }
     }
     settle_messages(spi, schema, with_deliveries);
-}
-
-#[cfg(test)]
-mod unit_tests {
-    use super::super::claim::HOLD_BACK;
-    use super::HeldBack;
-    use std::time::Instant;
-
-    #[test]
-    fn answers_held_back_come_back_together_once_the_hold_runs_out() {
-        let start = Instant::now();
-        let mut held = HeldBack::default();
-        held.hold([1, 2], start);
-        assert_eq!(held.until(), Some(start + HOLD_BACK));
-        assert!(held.take_due(start + HOLD_BACK / 2).is_empty(), "not before the hold runs out");
-        held.hold([3], start + HOLD_BACK / 2);
-        assert!(held.take_due(start + HOLD_BACK).is_empty(), "a new answer held starts a new term for all");
-        assert_eq!(held.take_due(start + HOLD_BACK / 2 + HOLD_BACK), vec![1, 2, 3]);
-        assert!(held.is_empty() && held.until().is_none());
-        held.hold([], start);
-        assert_eq!(held.until(), None, "holding nothing sets no term");
-    }
 }

@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import connect
+from conftest import configure_worker, connect
 from support import ServerLog, disabled_endpoint, eventually, worker_pid
 
 def enqueue(conn, topic, payload, ordering_key=None):
@@ -269,6 +269,43 @@ def test_an_unsubscribe_not_yet_committed_with_requests_in_flight_holds_back_no_
                what="the answers of the unsubscribed endpoint to be let go")
     assert db.execute("SELECT count(*) FROM outbox_delivery").fetchone()[0] == 1  # staying.topic's
     assert "a delivery step failed" not in log.since()
+
+
+@pytest.mark.parametrize("operator_ends_with", ["commit", "rollback"])
+def test_a_paused_worker_hands_back_what_it_can_while_an_unsubscribe_is_open(fast_worker, receivers, operator_ends_with):
+    """Paused (outbox.worker_enabled = off), the worker hands back what it leased ahead and did
+    not send. An endpoint being unsubscribed, not yet committed: handing back its deliveries
+    waited for the unsubscribe, and with it the recording of every other endpoint's answers.
+    Rolled back, its deliveries are handed back then, their attempts not counted."""
+    db = fast_worker
+    leaving, staying = receivers(), receivers()
+    leaving.answer_by_default(200, delay=1.0)
+    staying.answer_by_default(200, delay=1.0)
+    leaving_id = db.execute("SELECT outbox_subscribe('leaving.topic', %s, max_in_flight => 1)", (leaving.url,)).fetchone()[0]
+    db.execute("SELECT outbox_subscribe('staying.topic', %s)", (staying.url,))
+    for n in range(6):
+        enqueue(db, "leaving.topic", {"n": n})
+    leaving.wait_for(1, timeout=5, started=True)
+    leased_ahead = "SELECT count(*) FROM outbox_delivery WHERE subscription_id = %s AND leased AND attempts = 1"
+    # Leased ahead: one request in flight, the others queued in the worker.
+    eventually(lambda: db.execute(leased_ahead, (leaving_id,)).fetchone()[0] >= 2, what="deliveries leased ahead")
+    staying_message, _ = enqueue(db, "staying.topic", {"n": 6})
+    staying.wait_for(1, timeout=5, started=True)
+    try:
+        with connect() as operator:
+            operator.execute("SELECT outbox_unsubscribe('leaving.topic')")  # not committed yet
+            configure_worker({"outbox.worker_enabled": "off"})  # hands back what is queued
+            eventually(lambda: db.execute("SELECT status::text FROM outbox WHERE id = %s", (staying_message,)).fetchone()[0] == "DONE",
+                       timeout=5, what="the other endpoint's answer recorded")
+            getattr(operator, operator_ends_with)()
+        if operator_ends_with == "rollback":
+            eventually(lambda: db.execute(leased_ahead, (leaving_id,)).fetchone()[0] == 0, timeout=5,
+                       what="the deliveries leased ahead handed back")
+            left = db.execute("SELECT count(*) FILTER (WHERE attempts = 0 AND NOT leased), count(*) FROM outbox_delivery"
+                              " WHERE subscription_id = %s AND status = 'PENDING'", (leaving_id,)).fetchone()
+            assert left[0] == left[1] >= 1, f"{left[0]} of {left[1]} pending deliveries due again with no attempt counted"
+    finally:
+        configure_worker({"outbox.worker_enabled": "on"})
 
 
 def test_unsubscribing_gives_up_when_the_callers_lock_timeout_runs_out(db, receivers):

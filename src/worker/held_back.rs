@@ -1,0 +1,145 @@
+//! What the worker holds back for a moment because an operator's open transaction holds the
+//! rows it needs (an unsubscribe deleting an endpoint's deliveries, a redelivery): the worker
+//! skips those rows (`SKIP LOCKED`) rather than wait for them with its whole step, every
+//! endpoint's, and comes back to them after [`HOLD_BACK`].
+
+use std::time::{Duration, Instant};
+
+/// How long the worker leaves alone what an operator's open transaction holds.
+pub const HOLD_BACK: Duration = Duration::from_millis(100);
+
+/// Topics a pick-up left alone because an operator was changing their subscriptions (an
+/// unsubscribe not yet committed: fan_out.sql). The next pick-ups skip them for [`HOLD_BACK`],
+/// so that their messages do not fill every batch meanwhile; then they are tried again.
+#[derive(Debug, Default)]
+pub struct HeldBackTopics {
+    topics: Vec<String>,
+    until: Option<Instant>,
+}
+
+impl HeldBackTopics {
+    /// `topics` less those held back at `now`.
+    pub fn excluding(&self, mut topics: Vec<String>, now: Instant) -> Vec<String> {
+        if self.until.is_some_and(|until| now < until) {
+            topics.retain(|topic| !self.topics.contains(topic));
+        }
+        topics
+    }
+
+    /// Holds `topics` back from `now` (with those already held, for the whole new term).
+    pub fn hold(&mut self, topics: Vec<String>, now: Instant) {
+        if topics.is_empty() {
+            return;
+        }
+        for topic in topics {
+            if !self.topics.contains(&topic) {
+                self.topics.push(topic);
+            }
+        }
+        self.until = Some(now + HOLD_BACK);
+    }
+
+    /// When the topics held back are to be tried again.
+    pub fn until(&self) -> Option<Instant> {
+        self.until
+    }
+
+    /// Whether a hold ran out by `now`: then it is forgotten, and its topics' messages may be
+    /// ready.
+    pub fn take_expired(&mut self, now: Instant) -> bool {
+        let expired = self.until.is_some_and(|until| now >= until);
+        if expired {
+            *self = HeldBackTopics::default();
+        }
+        expired
+    }
+}
+
+/// Work on deliveries an operator's open transaction held (an unsubscribe deleting them, a
+/// redelivery): answers to record, deliveries to hand back. Tried again after [`HOLD_BACK`],
+/// rather than at every step meanwhile.
+pub struct HeldBack<T> {
+    held: Vec<T>,
+    until: Option<Instant>,
+}
+
+impl<T> Default for HeldBack<T> {
+    fn default() -> Self {
+        HeldBack { held: Vec::new(), until: None }
+    }
+}
+
+impl<T> HeldBack<T> {
+    /// Holds `answers` back from `now` (with those already held, for the whole new term).
+    pub fn hold(&mut self, answers: impl IntoIterator<Item = T>, now: Instant) {
+        let before = self.held.len();
+        self.held.extend(answers);
+        if self.held.len() > before {
+            self.until = Some(now + HOLD_BACK);
+        }
+    }
+
+    /// The answers whose hold ran out by `now` (all of them, or none).
+    pub fn take_due(&mut self, now: Instant) -> Vec<T> {
+        if self.until.is_some_and(|until| now >= until) {
+            self.until = None;
+            return std::mem::take(&mut self.held);
+        }
+        Vec::new()
+    }
+
+    /// When the answers held back are to be recorded again.
+    pub fn until(&self) -> Option<Instant> {
+        self.until
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::{HeldBack, HeldBackTopics, HOLD_BACK};
+    use std::time::{Duration, Instant};
+
+    fn topics(names: &[&str]) -> Vec<String> {
+        names.iter().map(|name| name.to_string()).collect()
+    }
+
+    #[test]
+    fn a_topic_held_back_is_skipped_until_the_hold_runs_out() {
+        let mut held = HeldBackTopics::default();
+        let start = Instant::now();
+        assert_eq!(held.excluding(topics(&["a", "b"]), start), topics(&["a", "b"]));
+        assert!(!held.take_expired(start), "nothing held");
+        held.hold(topics(&["a"]), start);
+        assert_eq!(held.until(), Some(start + HOLD_BACK));
+        assert_eq!(held.excluding(topics(&["a", "b"]), start + HOLD_BACK / 2), topics(&["b"]));
+        held.hold(topics(&["b"]), start + HOLD_BACK / 2);
+        assert_eq!(held.excluding(topics(&["a", "b", "c"]), start + HOLD_BACK), topics(&["c"]), "both, for the new term");
+        let end = start + HOLD_BACK / 2 + HOLD_BACK;
+        assert_eq!(held.excluding(topics(&["a", "b"]), end), topics(&["a", "b"]));
+        assert!(!held.take_expired(end - Duration::from_millis(1)));
+        assert!(held.take_expired(end), "then the topics' messages may be ready");
+        assert_eq!(held.until(), None);
+        assert!(!held.take_expired(end), "once");
+        held.hold(Vec::new(), end);
+        assert_eq!(held.until(), None, "nothing to hold");
+    }
+
+    #[test]
+    fn answers_held_back_come_back_together_once_the_hold_runs_out() {
+        let start = Instant::now();
+        let mut held = HeldBack::default();
+        held.hold([1, 2], start);
+        assert_eq!(held.until(), Some(start + HOLD_BACK));
+        assert!(held.take_due(start + HOLD_BACK / 2).is_empty(), "not before the hold runs out");
+        held.hold([3], start + HOLD_BACK / 2);
+        assert!(held.take_due(start + HOLD_BACK).is_empty(), "a new answer held starts a new term for all");
+        assert_eq!(held.take_due(start + HOLD_BACK / 2 + HOLD_BACK), vec![1, 2, 3]);
+        assert!(held.is_empty() && held.until().is_none());
+        held.hold([], start);
+        assert_eq!(held.until(), None, "holding nothing sets no term");
+    }
+}
