@@ -68,6 +68,9 @@ pub struct Room {
     pub byte_budget: i64,
     /// No request is in flight: the first delivery goes even beyond the budget (alone).
     pub nothing_in_flight: bool,
+    /// Messages whose answers from this endpoint wait to be recorded (held_back.rs): their
+    /// deliveries are not leased again meanwhile, should their leases run out.
+    pub answers_held: Vec<i64>,
 }
 
 /// Leases due deliveries of endpoint `subscription_id` within `room`; dead-letters those out of
@@ -82,7 +85,7 @@ pub fn claim_for_endpoint(
     policy: &RetryPolicy,
     (now, started): (pg_sys::TimestampTz, Instant),
 ) -> Vec<Queued> {
-    let Room { size, byte_budget, nothing_in_flight } = room;
+    let Room { size, byte_budget, nothing_in_flight, answers_held } = room;
     let slots = size.count;
     let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
     // Read from where the endpoint's last claim found its head (src/claim/head.rs).
@@ -95,7 +98,7 @@ pub fn claim_for_endpoint(
     let first: Option<i64> = (!locked.is_empty()).then(|| locked.get(0, 4).expect("available_at"));
     state.head.found(&None, start_from, now, first, started);
     // (message, attempts, payload bytes) of each, oldest due first.
-    let rows: Vec<(i64, i32, i64)> = (0..locked.len())
+    let mut rows: Vec<(i64, i32, i64)> = (0..locked.len())
         .map(|r| (locked.get(r, 1).expect("message"), locked.get(r, 2).expect("attempts"), locked.get::<i32>(r, 3).unwrap_or(0).into()))
         .collect();
     if rows.len() < slots {
@@ -106,13 +109,14 @@ pub fn claim_for_endpoint(
             state.next_due = None;
         }
     }
+    rows.retain(|(id, _, _)| !answers_held.contains(id));
     let (exhausted, live): (Vec<_>, Vec<_>) = rows.into_iter().partition(|&(_, attempts, _)| policy.is_exhausted(attempts));
     if !exhausted.is_empty() {
         let ids: Vec<i64> = exhausted.iter().map(|&(id, _, _)| id).collect();
         let reasons: Vec<String> = exhausted.iter().map(|&(_, attempts, _)| policy.exhausted_reason(attempts, true)).collect();
         let messages =
             record::end_deliveries(spi, schema, &DEAD_LETTER, &[subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()]);
-        record::settle_messages(spi, schema, messages);
+        record::settle_messages(spi, schema, messages, &mut endpoints.settling_held);
     }
     let chosen = fitting(&live.iter().map(|&(id, _, bytes)| (id, bytes)).collect::<Vec<_>>(), byte_budget, nothing_in_flight);
     let left_for_room = chosen.len() < live.len();

@@ -227,6 +227,9 @@ pub struct Endpoints {
     /// Topics the pick-up leaves alone for a moment (an operator is changing their
     /// subscriptions).
     pub held_back_topics: super::held_back::HeldBackTopics,
+    /// Messages whose deliveries have all ended, left unsettled because an operator's open
+    /// transaction held them (record.rs, settle_messages): settled by a later step.
+    pub settling_held: super::held_back::HeldBack<i64>,
     /// The circuits' changes the subscriptions do not show yet (breaker.rs).
     pub breaker_unwritten: super::breaker::Unwritten,
     /// A claim left due deliveries behind because their payloads did not fit the worker's

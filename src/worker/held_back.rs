@@ -93,6 +93,10 @@ impl<T> HeldBack<T> {
         self.until
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.held.iter()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
     }

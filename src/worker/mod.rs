@@ -121,6 +121,9 @@ struct Worker {
     handing_back: Vec<Claimed>,
     /// Deliveries to hand back that an operator's open transaction held, for a later step.
     held_hand_backs: HeldBack<Claimed>,
+    /// The messages a step settles again (an operator's transaction held them before): held
+    /// again if the step fails.
+    settling_again: Vec<i64>,
     housekeeping: Housekeeping,
     /// Subscriptions and due times are read again after this.
     next_refresh: Instant,
@@ -171,6 +174,7 @@ impl Worker {
             held_answers: HeldBack::default(),
             handing_back: Vec::new(),
             held_hand_backs: HeldBack::default(),
+            settling_again: Vec::new(),
             housekeeping: Housekeeping::default(),
             next_refresh: Instant::now(),
             retry_wait: FIRST_RETRY_WAIT,
@@ -281,6 +285,7 @@ impl Worker {
                         self.endpoints.waiting_for_payload_room = false; // their payloads' room is free
                     }
                     self.held_hand_backs.hold(held, Instant::now());
+                    self.settling_again.clear();
                     self.endpoints.answers_recorded();
                     self.report(&recorded);
                     for queued in claimed {
@@ -297,6 +302,7 @@ impl Worker {
                 Ok(Step::WaitingForUpdate) => self.waiting_for_update = true,
                 Err(failure) => {
                     pgrx::warning!("outbox_ext: a delivery step failed, trying again in {:?}: {failure}", self.retry_wait);
+                    self.endpoints.settling_held.hold(std::mem::take(&mut self.settling_again), Instant::now());
                     // While draining, answers still wait to be recorded: try at least once a second.
                     let wait = if self.draining { self.retry_wait.min(Duration::from_secs(1)) } else { self.retry_wait };
                     self.retry_at = Some(Instant::now() + wait);
@@ -386,11 +392,13 @@ impl Worker {
         let policy = settings::retry_policy();
         let mut spi = Spi::connect();
         let recorded = record::record(&mut spi, schema, &self.finished, &policy, &mut self.endpoints);
+        self.settling_again.extend(self.endpoints.settling_held.take_due(Instant::now()));
+        record::settle_messages(&mut spi, schema, self.settling_again.clone(), &mut self.endpoints.settling_held);
         let breaker_written = breaker::record(&mut spi, schema, &self.finished, &mut self.endpoints, self.settings.endpoint_disable_after);
         let mut claimed = Vec::new();
         if claiming && Instant::now() >= self.next_refresh {
             if self.endpoints.reload(schema, self.settings.http_timeout) {
-                record::settle_orphans(&mut spi, schema);
+                record::settle_orphans(&mut spi, schema, &mut self.endpoints.settling_held);
             }
             let topics = self.endpoints.topics();
             registry::publish_topics(self.slot, TopicFilter::of_all(topics.iter().map(String::as_str)));
@@ -418,7 +426,9 @@ impl Worker {
                     self.endpoints.waiting_for_payload_room = true;
                     break;
                 }
-                let room = claim::Room { size, byte_budget: budget, nothing_in_flight };
+                let answers_held =
+                    self.held_answers.iter().filter(|done| done.subscription_id == subscription_id).map(|done| done.message_id).collect();
+                let room = claim::Room { size, byte_budget: budget, nothing_in_flight, answers_held };
                 let got =
                     claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, room, &policy, (now, claimed_at));
                 budget -= got.iter().map(|q| q.delivery.message.body.len() as i64).sum::<i64>();
@@ -436,6 +446,9 @@ impl Worker {
     /// wants more deliveries. A worker that is not claiming steps every time it wakes.
     fn step_needed(&self, claiming: bool) -> bool {
         if !claiming || !self.handing_back.is_empty() || self.messages_may_be_ready || Instant::now() >= self.next_refresh {
+            return true;
+        }
+        if self.endpoints.settling_held.until().is_some_and(|until| Instant::now() >= until) {
             return true;
         }
         if !self.finished.is_empty() {
@@ -538,7 +551,8 @@ impl Worker {
         if let Some(since) = self.finished_since {
             wait = wait.min(RECORD_WITHIN.saturating_sub(since.elapsed()));
         }
-        for until in [self.held_answers.until(), self.held_hand_backs.until()].into_iter().flatten() {
+        let holds = [self.held_answers.until(), self.held_hand_backs.until(), self.endpoints.settling_held.until()];
+        for until in holds.into_iter().flatten() {
             wait = wait.min(until.saturating_duration_since(Instant::now()));
         }
         if self.draining {

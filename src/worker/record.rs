@@ -2,10 +2,13 @@
 //! retry after the backoff or the endpoint's Retry-After, or DEAD: policy.rs decides), the
 //! attempt log, and the messages whose deliveries have all ended (DONE, or DEAD when any of
 //! them is). All of one step's answers are recorded in one transaction, but for those whose
-//! deliveries an operator's open transaction holds: they wait for a later step.
+//! deliveries or messages an operator's open transaction holds (an unsubscribe, a redelivery):
+//! they wait for a later step (held_back.rs), as does settling a message such a transaction
+//! holds.
 
 use super::deliver::Finished;
 use super::endpoints::Endpoints;
+use super::held_back::HeldBack;
 use crate::policy::{self, AfterFailure, RetryPolicy};
 use crate::spi::{Spi, Statement};
 use crate::text;
@@ -14,6 +17,7 @@ use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::collections::BTreeSet;
+use std::time::Instant;
 
 static DELIVERED: Statement = Statement::new(include_str!("record_delivered.sql"), &[INT8ARRAYOID, INT8ARRAYOID, INT4ARRAYOID]);
 static RETRY: Statement = Statement::new(
@@ -69,9 +73,11 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
     }
     // The messages first, then their deliveries: the order outbox_redeliver locks them in (the
     // other order deadlocked with it).
-    lock_messages(spi, schema, finished.iter().map(|done| done.message_id).collect());
-    let held = held_by_others(spi, schema, finished);
-    let is_held = |done: &Finished| held.contains(&(done.message_id, done.subscription_id));
+    let held_messages = lock_messages(spi, schema, finished.iter().map(|done| done.message_id).collect());
+    let answered: Vec<&Finished> = finished.iter().filter(|done| !held_messages.contains(&done.message_id)).collect();
+    let held_deliveries = held_by_others(spi, schema, &answered);
+    let is_held =
+        |done: &Finished| held_messages.contains(&done.message_id) || held_deliveries.contains(&(done.message_id, done.subscription_id));
     let (mut delivered, mut retried, mut dead) = (Columns::default(), Columns::default(), Columns::default());
     let (mut waits, mut retry_errors, mut dead_errors) = (Vec::new(), Vec::new(), Vec::new());
     let now = crate::backend::now();
@@ -167,13 +173,16 @@ pub fn end_deliveries(spi: &mut Spi, schema: pg_sys::Oid, statement: &'static St
 
 /// The answers among `finished` whose deliveries another transaction holds (an operator's
 /// unsubscribe or redelivery not yet committed), as (message, endpoint); locks the others'.
-fn held_by_others(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished]) -> BTreeSet<(i64, i64)> {
-    fn keys<'a>(answers: impl Iterator<Item = &'a Finished>) -> [Option<pg_sys::Datum>; 2] {
+fn held_by_others(spi: &mut Spi, schema: pg_sys::Oid, finished: &[&Finished]) -> BTreeSet<(i64, i64)> {
+    fn keys<'a>(answers: impl Iterator<Item = &'a &'a Finished>) -> [Option<pg_sys::Datum>; 2] {
         let (messages, endpoints): (Vec<i64>, Vec<i64>) = answers.map(|done| (done.message_id, done.subscription_id)).unzip();
         [messages.into_datum(), endpoints.into_datum()]
     }
     fn rows_to_keys(rows: &crate::spi::Rows<'_>) -> BTreeSet<(i64, i64)> {
         (0..rows.len()).map(|row| (rows.get(row, 1).expect("message"), rows.get(row, 2).expect("endpoint"))).collect()
+    }
+    if finished.is_empty() {
+        return BTreeSet::new();
     }
     let locked = rows_to_keys(&spi.execute(&LOCK_ANSWERED, schema, &keys(finished.iter())));
     let mut not_locked = finished.iter().filter(|done| !locked.contains(&(done.message_id, done.subscription_id))).peekable();
@@ -212,18 +221,24 @@ fn log_attempts<'a>(spi: &mut Spi, schema: pg_sys::Oid, finished: impl Iterator<
 }
 
 /// Locks the PENDING messages among `ids`, in id order.
-fn lock_messages(spi: &mut Spi, schema: pg_sys::Oid, mut ids: Vec<i64>) {
+/// Locks messages `ids` still PENDING (in id order); returns those another transaction holds
+/// (an operator's redelivery not yet committed).
+fn lock_messages(spi: &mut Spi, schema: pg_sys::Oid, mut ids: Vec<i64>) -> BTreeSet<i64> {
     if ids.is_empty() {
-        return;
+        return BTreeSet::new();
     }
     ids.sort_unstable();
     ids.dedup();
-    spi.execute(&LOCK_MESSAGES, schema, &[ids.into_datum()]);
+    let held = spi.execute(&LOCK_MESSAGES, schema, &[ids.into_datum()]);
+    (0..held.len()).map(|row| held.get(row, 1).expect("id")).collect()
 }
 
-/// Messages whose deliveries have all ended end too: DONE, or DEAD (policy.rs).
-pub fn settle_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i64>) {
-    lock_messages(spi, schema, candidates.clone());
+/// Messages whose deliveries have all ended end too: DONE, or DEAD (policy.rs). Those another
+/// transaction holds go to `held`, for a later step.
+pub fn settle_messages(spi: &mut Spi, schema: pg_sys::Oid, mut candidates: Vec<i64>, held: &mut HeldBack<i64>) {
+    let held_now = lock_messages(spi, schema, candidates.clone());
+    candidates.retain(|id| !held_now.contains(id));
+    held.hold(held_now, Instant::now());
     settle_locked_messages(spi, schema, candidates);
 }
 
@@ -251,7 +266,7 @@ fn settle_locked_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i6
 /// After endpoints were unsubscribed (their deliveries deleted with them): messages whose other
 /// deliveries have all ended end (settle_messages); those left without any delivery are no
 /// longer the worker's (unhand_messages.sql).
-pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid) {
+pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, held: &mut HeldBack<i64>) {
     let rows = spi.execute_by_index(&ORPHANED, schema, &[]);
     let (mut with_deliveries, mut without) = (Vec::new(), Vec::new());
     for row in 0..rows.len() {
@@ -269,5 +284,5 @@ pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid) {
             ordering::requeue_in_key_order(spi, schema, keys.into_datum());
         }
     }
-    settle_messages(spi, schema, with_deliveries);
+    settle_messages(spi, schema, with_deliveries, held);
 }

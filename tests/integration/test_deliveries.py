@@ -271,6 +271,35 @@ def test_an_unsubscribe_not_yet_committed_with_requests_in_flight_holds_back_no_
     assert "a delivery step failed" not in log.since()
 
 
+def test_a_redelivery_not_yet_committed_holds_back_no_other_endpoints_answers(fast_worker, receivers):
+    """A redelivery to one endpoint locks the messages of its topic still in flight to others.
+    Recording another endpoint's answers to those messages waited for the redelivery's commit,
+    and every topic with it. They are now left for a later step, and recorded after it."""
+    db = fast_worker
+    log = ServerLog()
+    first, slow, other = receivers(), receivers(), receivers()
+    slow.answer_by_default(200, delay=0.5)
+    first_id = db.execute("SELECT outbox_subscribe('shared.topic', %s)", (first.url,)).fetchone()[0]
+    slow_id = db.execute("SELECT outbox_subscribe('shared.topic', %s)", (slow.url,)).fetchone()[0]
+    db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+    for n in range(4):
+        enqueue(db, "shared.topic", {"n": n})
+    first.wait_for(4, timeout=5)
+    slow.wait_for(4, timeout=5, started=True)  # in flight: their answers come back in 0.5 s
+    with connect() as operator:
+        assert operator.execute("SELECT outbox_redeliver(%s)", (first_id,)).fetchone()[0] == 4  # not committed yet
+        time.sleep(1)  # the slow answers are back, and wait to be recorded
+        enqueue(db, "other.topic", {"n": 5})
+        other.wait_for(1, timeout=5)
+        operator.commit()
+    first.wait_for(8, timeout=5)
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_delivery WHERE subscription_id = %s AND status = 'DONE'",
+                                  (slow_id,)).fetchone()[0] == 4, what="the slow endpoint's answers recorded")
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 5,
+               what="every message DONE")
+    assert "a delivery step failed" not in log.since()
+
+
 @pytest.mark.parametrize("operator_ends_with", ["commit", "rollback"])
 def test_a_paused_worker_hands_back_what_it_can_while_an_unsubscribe_is_open(fast_worker, receivers, operator_ends_with):
     """Paused (outbox.worker_enabled = off), the worker hands back what it leased ahead and did
@@ -367,10 +396,12 @@ def test_messages_an_unsubscribed_endpoint_leaves_come_before_newer_ones_of_thei
     assert parked.requests == []
 
 
-def test_recording_an_answer_waits_for_a_redelivery_instead_of_deadlocking_with_it(fast_worker, receivers):
+def test_recording_an_answer_neither_waits_for_nor_deadlocks_with_a_redelivery(fast_worker, receivers):
     """outbox_redeliver locks the messages, then their deliveries. The worker recording an
-    answer takes them in the same order: it waits for the redelivery to commit, where the
-    other order (the delivery first) ended in a deadlock and one of them failed."""
+    answer took the delivery first and deadlocked with it; then it waited for the message, and
+    its whole step with it, every endpoint's (until 0.5.22). It now leaves the answer for a
+    later step and records it after the commit. Meanwhile the delivery's lease runs out: it is
+    not sent again, and the worker waits for no lock when it claims it."""
     db = fast_worker
     log = ServerLog()
     receiver = receivers()
@@ -378,21 +409,51 @@ def test_recording_an_answer_waits_for_a_redelivery_instead_of_deadlocking_with_
     subscription = db.execute("SELECT outbox_subscribe('order.paid', %s)", (receiver.url,)).fetchone()[0]
     message_id, _ = enqueue(db, "order.paid", {"n": 1})
     receiver.wait_for(1, started=True)
+    worker_waits = ("SELECT count(*) FROM pg_stat_activity"
+                    " WHERE backend_type = 'outbox_ext delivery worker' AND wait_event_type = 'Lock'")
     with connect() as operator:
         with operator.transaction():
             # As outbox_redeliver does: the messages first...
             operator.execute("SELECT FROM outbox WHERE id = %s FOR UPDATE", (message_id,))
             receiver.wait_for(1)
-            # (the worker now records the answer: it must wait for the message, holding nothing)
-            eventually(lambda: db.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox_ext delivery worker' AND wait_event_type = 'Lock'"
-            ).fetchone()[0] == 1, what="the worker to wait for the message")
+            time.sleep(8)  # past the delivery's lease: outbox.http_timeout (2 s) + 5 s
+            assert db.execute(worker_waits).fetchone()[0] == 0, "the worker waits for the operator"
             # ...then its delivery (no deadlock: this does not wait for the worker).
             operator.execute("SET LOCAL lock_timeout = '5s'")
             operator.execute("UPDATE outbox_delivery SET last_error = 'seen by the operator' WHERE message_id = %s AND subscription_id = %s",
                              (message_id, subscription))
     eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "DONE", what="DONE")
+    assert len(receiver.requests) == 1, "sent again while its answer waited"
     assert "deadlock detected" not in log.since(), "the worker's step failed in a deadlock"
+    assert "a delivery step failed" not in log.since()
+
+
+def test_a_message_an_operator_holds_is_settled_after_its_commit_holding_back_no_other_topic(fast_worker, receivers):
+    """A delivery out of attempts found at a claim is dead-lettered, and its message settled.
+    Settling waited for an operator's transaction holding the message (a redelivery), and the
+    worker's whole step with it. It now settles that message after the commit."""
+    db = fast_worker
+    log = ServerLog()
+    parked, other = receivers(), receivers()
+    endpoint = db.execute("SELECT outbox_subscribe('parked.topic', %s)", (parked.url,)).fetchone()[0]
+    db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+    db.execute("SELECT outbox_disable_subscription(%s)", (endpoint,))
+    message_id = db.execute("INSERT INTO outbox (topic, payload, waiting_for) VALUES ('parked.topic', '{}', 'deliveries') RETURNING id").fetchone()[0]
+    # Out of attempts (outbox.max_attempts = 3), as after leases that ran out.
+    db.execute("INSERT INTO outbox_delivery (message_id, subscription_id, attempts) VALUES (%s, %s, 3)", (message_id, endpoint))
+    with connect() as operator:
+        operator.execute("SELECT FROM outbox WHERE id = %s FOR UPDATE", (message_id,))  # as outbox_redeliver does
+        db.execute("SELECT outbox_enable_subscription(%s)", (endpoint,))
+        eventually(lambda: db.execute("SELECT status::text FROM outbox_delivery WHERE message_id = %s", (message_id,)).fetchone()[0] == "DEAD",
+                   what="the delivery dead-lettered")
+        enqueue(db, "other.topic", {"n": 1})
+        other.wait_for(1, timeout=5)
+        assert db.execute("SELECT status::text FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "PENDING"
+        operator.commit()
+    eventually(lambda: db.execute("SELECT status::text FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "DEAD",
+               what="the message settled")
+    assert parked.requests == []
+    assert "a delivery step failed" not in log.since()
 
 
 def test_a_worker_on_tables_never_analyzed_looks_up_orphaned_messages_by_key(fast_worker, receivers):
