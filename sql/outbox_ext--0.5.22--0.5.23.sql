@@ -1035,6 +1035,14 @@ BEGIN
                    FOR UPDATE SKIP LOCKED) e
          GROUP BY 1
     LOOP
+        -- A message whose deliveries another transaction holds (an unsubscribe deleting them)
+        -- stays for a later call, rather than waited for: the worker calls this in its loop.
+        ids := ARRAY(
+            SELECT m.id
+              FROM unnest(ids) AS m(id)
+             WHERE (SELECT count(*) FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id = m.id)
+                 = (SELECT count(*) FROM (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id = m.id
+                                             FOR UPDATE SKIP LOCKED) locked));
         EXECUTE format(
             'WITH messages AS (DELETE FROM ONLY @extschema@.outbox o WHERE o.id = ANY ($1) RETURNING o.*),
                   deliveries AS (DELETE FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id = ANY ($1) RETURNING d.*),

@@ -4,12 +4,13 @@ table of its day, where readers of outbox still see it and outbox_purge empties 
 (docs/storage.md)."""
 import subprocess
 import tempfile
+import time
 import uuid
 
 import psycopg
 
-from conftest import DATABASE, enqueue_many, pg_program
-from support import disabled_endpoint, eventually, fresh_database
+from conftest import DATABASE, connect, enqueue_many, pg_program
+from support import ServerLog, disabled_endpoint, eventually, fresh_database
 from support.plans import planned_on_empty_tables_then_bulk_loaded
 
 
@@ -158,6 +159,28 @@ def test_purge_empties_a_day_of_history_whole_with_its_deliveries(db):
     for table, before in deleted_before.items():
         after = db.execute("SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = %s", (table,)).fetchone()[0]
         assert after == before, f"{table}: rows deleted one by one instead of the day emptied"
+
+
+def test_the_workers_archive_waits_for_no_unsubscribe_not_yet_committed(fast_worker, receivers):
+    """The worker moves DONE messages to the history every second. One whose deliveries an
+    unsubscribe not yet committed is deleting made it wait for the commit (up to its 10 s
+    lock_timeout, then again a second later), and every endpoint with it. It now leaves that
+    message for a later pass."""
+    db = fast_worker
+    log = ServerLog()
+    other = receivers()
+    db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+    ids = completed(db, 3, processed_ago="0 minutes", delivered=True)  # not due to move for a minute
+    with connect() as operator:
+        operator.execute("SELECT outbox_unsubscribe('history.test')")  # not committed yet
+        db.execute("UPDATE ONLY outbox SET processed_at = now() - interval '2 minutes' WHERE id = ANY (%s)", (ids,))
+        time.sleep(1.5)  # the worker's archive has run since
+        db.execute("SELECT outbox_enqueue('other.topic', '{}')")
+        other.wait_for(1, timeout=5)
+        assert set(where(db, "outbox", ids).values()) == {"outbox"}, "moved from under the unsubscribe"
+        operator.commit()
+    eventually(lambda: "outbox" not in where(db, "outbox", ids).values(), what="the messages moved after the commit")
+    assert "moving DONE messages to the history failed" not in log.since()
 
 
 def test_redeliver_brings_a_message_back_from_the_history(db):
