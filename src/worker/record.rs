@@ -32,6 +32,7 @@ static LOG_ATTEMPTS: Statement = Statement::new(
 static LOCK_ANSWERED: Statement = Statement::new(include_str!("lock_answered.sql"), &[INT8ARRAYOID, INT8ARRAYOID]);
 static HELD_ANSWERED: Statement = Statement::new(include_str!("held_answered.sql"), &[INT8ARRAYOID, INT8ARRAYOID]);
 static LOCK_MESSAGES: Statement = Statement::new(include_str!("lock_messages.sql"), &[INT8ARRAYOID]);
+static HELD_MESSAGES: Statement = Statement::new(include_str!("held_messages.sql"), &[INT8ARRAYOID]);
 static MESSAGES_TO_SETTLE: Statement = Statement::new(include_str!("messages_to_settle.sql"), &[INT8ARRAYOID]);
 static ORPHANED: Statement = Statement::new(include_str!("orphaned_messages.sql"), &[]);
 static UNHAND: Statement = Statement::new(include_str!("unhand_messages.sql"), &[INT8ARRAYOID]);
@@ -229,8 +230,15 @@ fn lock_messages(spi: &mut Spi, schema: pg_sys::Oid, mut ids: Vec<i64>) -> BTree
     }
     ids.sort_unstable();
     ids.dedup();
-    let held = spi.execute(&LOCK_MESSAGES, schema, &[ids.into_datum()]);
-    (0..held.len()).map(|row| held.get(row, 1).expect("id")).collect()
+    fn id_set(rows: &crate::spi::Rows<'_>) -> BTreeSet<i64> {
+        (0..rows.len()).map(|row| rows.get(row, 1).expect("id")).collect()
+    }
+    let locked = id_set(&spi.execute(&LOCK_MESSAGES, schema, &[ids.clone().into_datum()]));
+    ids.retain(|id| !locked.contains(id));
+    if ids.is_empty() {
+        return BTreeSet::new();
+    }
+    id_set(&spi.execute(&HELD_MESSAGES, schema, &[ids.into_datum()]))
 }
 
 /// Messages whose deliveries have all ended end too: DONE, or DEAD (policy.rs). Those another
