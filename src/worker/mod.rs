@@ -426,8 +426,15 @@ impl Worker {
                     self.endpoints.waiting_for_payload_room = true;
                     break;
                 }
-                let answers_held =
-                    self.held_answers.iter().filter(|done| done.subscription_id == subscription_id).map(|done| done.message_id).collect();
+                // Answers waiting from earlier steps, and those this step's recording held back.
+                let held_now = recorded.held.iter().map(|&index| &self.finished[index]);
+                let answers_held = self
+                    .held_answers
+                    .iter()
+                    .chain(held_now)
+                    .filter(|done| done.subscription_id == subscription_id)
+                    .map(|done| done.message_id)
+                    .collect();
                 let room = claim::Room { size, byte_budget: budget, nothing_in_flight, answers_held };
                 let got =
                     claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, room, &policy, (now, claimed_at));
