@@ -426,15 +426,23 @@ impl Worker {
                     self.endpoints.waiting_for_payload_room = true;
                     break;
                 }
-                // Answers waiting from earlier steps, and those this step's recording held back.
+                // Answers waiting from earlier steps, and those this step's recording held back;
+                // and hand-backs held (a later one must not release a lease taken since).
                 let held_now = recorded.held.iter().map(|&index| &self.finished[index]);
-                let answers_held = self
+                let mut answers_held: Vec<i64> = self
                     .held_answers
                     .iter()
                     .chain(held_now)
                     .filter(|done| done.subscription_id == subscription_id)
                     .map(|done| done.message_id)
                     .collect();
+                let hand_backs = self.held_hand_backs.iter().map(|back| (back.subscription_id, back.message_id));
+                answers_held.extend(
+                    hand_backs
+                        .chain(hand_backs_held.iter().copied())
+                        .filter(|&(endpoint, _)| endpoint == subscription_id)
+                        .map(|(_, id)| id),
+                );
                 let room = claim::Room { size, byte_budget: budget, nothing_in_flight, answers_held };
                 let got =
                     claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, room, &policy, (now, claimed_at));
