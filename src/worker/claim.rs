@@ -68,9 +68,9 @@ pub struct Room {
     pub byte_budget: i64,
     /// No request is in flight: the first delivery goes even beyond the budget (alone).
     pub nothing_in_flight: bool,
-    /// Messages whose answers from this endpoint wait to be recorded (held_back.rs): their
-    /// deliveries are not leased again meanwhile, should their leases run out.
-    pub answers_held: Vec<i64>,
+    /// Messages whose deliveries to this endpoint wait for an answer to be recorded or a
+    /// hand-back (held_back.rs): not leased again meanwhile, should their leases run out.
+    pub held: Vec<i64>,
 }
 
 /// Leases due deliveries of endpoint `subscription_id` within `room`; dead-letters those out of
@@ -85,7 +85,7 @@ pub fn claim_for_endpoint(
     policy: &RetryPolicy,
     (now, started): (pg_sys::TimestampTz, Instant),
 ) -> Vec<Queued> {
-    let Room { size, byte_budget, nothing_in_flight, answers_held } = room;
+    let Room { size, byte_budget, nothing_in_flight, held } = room;
     let slots = size.count;
     let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
     // Read from where the endpoint's last claim found its head (src/claim/head.rs).
@@ -109,7 +109,7 @@ pub fn claim_for_endpoint(
             state.next_due = None;
         }
     }
-    rows.retain(|(id, _, _)| !answers_held.contains(id));
+    rows.retain(|(id, _, _)| !held.contains(id));
     let (exhausted, live): (Vec<_>, Vec<_>) = rows.into_iter().partition(|&(_, attempts, _)| policy.is_exhausted(attempts));
     if !exhausted.is_empty() {
         let ids: Vec<i64> = exhausted.iter().map(|&(id, _, _)| id).collect();

@@ -420,30 +420,23 @@ impl Worker {
             let held = self.pool.bytes_in_flight() + self.endpoints.bytes_queued();
             let mut budget = (self.settings.max_payload_bytes as i64 - held as i64).max(0);
             let (max_in_flight, batch) = (self.settings.max_in_flight, self.settings.batch_size as usize);
+            // Not leased again meanwhile: deliveries whose answers wait (from earlier steps, and
+            // held back by this one's recording), and whose hand-backs wait (a later one must
+            // not release a lease taken since). As (endpoint, message).
+            let answers = self.held_answers.iter().chain(recorded.held.iter().map(|&index| &self.finished[index]));
+            let held_deliveries: BTreeSet<(i64, i64)> = answers
+                .map(|done| (done.subscription_id, done.message_id))
+                .chain(self.held_hand_backs.iter().map(|back| (back.subscription_id, back.message_id)))
+                .chain(hand_backs_held.iter().copied())
+                .collect();
             for (subscription_id, size) in self.endpoints.claims(max_in_flight, self.pool.in_flight(), batch, claimed_at) {
                 let nothing_in_flight = self.pool.in_flight() + claimed.len() == 0 && !self.endpoints.any_queued();
                 if budget == 0 && !nothing_in_flight {
                     self.endpoints.waiting_for_payload_room = true;
                     break;
                 }
-                // Answers waiting from earlier steps, and those this step's recording held back;
-                // and hand-backs held (a later one must not release a lease taken since).
-                let held_now = recorded.held.iter().map(|&index| &self.finished[index]);
-                let mut answers_held: Vec<i64> = self
-                    .held_answers
-                    .iter()
-                    .chain(held_now)
-                    .filter(|done| done.subscription_id == subscription_id)
-                    .map(|done| done.message_id)
-                    .collect();
-                let hand_backs = self.held_hand_backs.iter().map(|back| (back.subscription_id, back.message_id));
-                answers_held.extend(
-                    hand_backs
-                        .chain(hand_backs_held.iter().copied())
-                        .filter(|&(endpoint, _)| endpoint == subscription_id)
-                        .map(|(_, id)| id),
-                );
-                let room = claim::Room { size, byte_budget: budget, nothing_in_flight, answers_held };
+                let held = held_deliveries.range((subscription_id, i64::MIN)..=(subscription_id, i64::MAX)).map(|&(_, id)| id).collect();
+                let room = claim::Room { size, byte_budget: budget, nothing_in_flight, held };
                 let got =
                     claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, room, &policy, (now, claimed_at));
                 budget -= got.iter().map(|q| q.delivery.message.body.len() as i64).sum::<i64>();
