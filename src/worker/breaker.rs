@@ -6,12 +6,14 @@
 //!
 //! The state lives in the subscription (`failing_since`), so that it survives the worker; it is
 //! written only when it changes, and never waited for. The worker's own state follows the
-//! answers at once; a write that an operator's open transaction holds (outbox_rotate_secret, …:
-//! waiting would hold back the step, every endpoint's) is kept in [`Unwritten`] and tried again
-//! at every step until it is written, whether or not another answer comes.
+//! answers at once, except for disabling, which takes effect (and is announced) once the step
+//! that wrote it commits; a write that an operator's open transaction holds
+//! (outbox_rotate_secret, …: waiting would hold back the step, every endpoint's) is kept in
+//! [`Unwritten`] and tried again [`HOLD_BACK`] later, whether or not another answer comes.
 
 use super::deliver::Finished;
 use super::endpoints::Endpoints;
+use super::held_back::HOLD_BACK;
 use crate::interval;
 use crate::spi::{Spi, Statement};
 use crate::text;
@@ -19,7 +21,7 @@ use crate::webhook::Outcome;
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 static RECOVERED: Statement = Statement::new(include_str!("breaker_recovered.sql"), &[INT8ARRAYOID]);
 static FAILING: Statement = Statement::new(include_str!("breaker_failing.sql"), &[INT8ARRAYOID, TIMESTAMPTZARRAYOID]);
@@ -60,6 +62,8 @@ pub struct Unwritten {
     failing_since: BTreeSet<i64>,
     /// Endpoints to disable, with their latest error.
     disable: BTreeMap<i64, String>,
+    /// When what an operator's transaction held is to be tried again.
+    retry_at: Option<Instant>,
 }
 
 impl Unwritten {
@@ -69,14 +73,20 @@ impl Unwritten {
         self.failing_since.contains(&id)
     }
 
-    /// Forgets what a committed step wrote (or found no longer to write).
-    pub fn written(&mut self, written: &Written) {
-        for id in &written.failing_since {
-            self.failing_since.remove(id);
-        }
-        for id in &written.disable {
-            self.disable.remove(id);
-        }
+    /// Forgets what is unwritten of endpoint `id`: an operator enabled its subscription again,
+    /// which starts its circuit afresh.
+    pub fn forget(&mut self, id: i64) {
+        self.failing_since.remove(&id);
+        self.disable.remove(&id);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.failing_since.is_empty() && self.disable.is_empty()
+    }
+
+    /// When a step is to try again what an operator's transaction held.
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
     }
 }
 
@@ -85,6 +95,28 @@ impl Unwritten {
 pub struct Written {
     failing_since: Vec<i64>,
     disable: Vec<i64>,
+    /// The endpoints the step disabled, with the WARNING that says so.
+    disabled: Vec<(i64, String)>,
+}
+
+/// Once the step that wrote `written` committed: forgets it, and the endpoints it disabled send
+/// nothing more (a step that fails disables nothing: tried again at the next). What is left
+/// was held by an operator's transaction.
+pub fn committed(endpoints: &mut Endpoints, written: Written, now: Instant) {
+    let unwritten = &mut endpoints.breaker_unwritten;
+    for id in &written.failing_since {
+        unwritten.failing_since.remove(id);
+    }
+    for id in &written.disable {
+        unwritten.disable.remove(id);
+    }
+    unwritten.retry_at = (!unwritten.is_empty()).then_some(now + HOLD_BACK);
+    for (id, warning) in written.disabled {
+        pgrx::warning!("{warning}");
+        if let Some(state) = endpoints.by_id.get_mut(&id) {
+            state.enabled = false;
+        }
+    }
 }
 
 /// Applies what `finished` answers (in arrival order; those the breaker has not seen) mean for
@@ -165,12 +197,10 @@ pub fn record(
         let id: i64 = rows.get(row, 1).expect("id");
         let (topic, url) = (rows.get_text(row, 2).unwrap_or_default(), rows.get_text(row, 3).unwrap_or_default());
         let reason = rows.get_text(row, 4).unwrap_or_default();
-        pgrx::warning!(
+        let warning = format!(
             "outbox_ext: subscription {id} of \"{topic}\" to {url} disabled: {reason}; its deliveries are parked until SELECT outbox_enable_subscription({id})"
         );
-        if let Some(state) = endpoints.by_id.get_mut(&id) {
-            state.enabled = false;
-        }
+        written.disabled.push((id, warning));
         written.disable.push(id);
     }
     written

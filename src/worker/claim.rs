@@ -21,12 +21,15 @@ static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[I
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
 static RELEASE_LEASES: Statement = Statement::new(include_str!("release_leases.sql"), &[]);
-static HAND_BACK: Statement = Statement::new(include_str!("hand_back_deliveries.sql"), &[INT8ARRAYOID, INT8ARRAYOID]);
+static HAND_BACK: Statement = Statement::new(include_str!("hand_back_deliveries.sql"), &[INT8ARRAYOID, INT8ARRAYOID, TIMESTAMPTZARRAYOID]);
 
 /// A delivery leased for one request.
 pub struct Claimed {
     pub message_id: i64,
     pub subscription_id: i64,
+    /// When the lease runs out: it names this lease (a later one of the delivery ends later), so
+    /// that handing it back never releases another.
+    pub lease_until: pg_sys::TimestampTz,
     pub message: Arc<Message>,
 }
 
@@ -141,6 +144,7 @@ pub fn claim_for_endpoint(
         .map(|row| Claimed {
             message_id: leased.get(row, 1).expect("message"),
             subscription_id,
+            lease_until: leased.get::<pgrx::datum::TimestampWithTimeZone>(row, 7).expect("available_at").into_inner(),
             message: Arc::new(Message {
                 attempt: leased.get(row, 2).expect("attempt"),
                 public_id: leased.get_text(row, 3).expect("public_id"),
@@ -166,7 +170,9 @@ pub fn hand_back(spi: &mut Spi, schema: pg_sys::Oid, deliveries: &[Claimed]) -> 
     }
     let endpoints: Vec<i64> = deliveries.iter().map(|d| d.subscription_id).collect();
     let messages: Vec<i64> = deliveries.iter().map(|d| d.message_id).collect();
-    let held = spi.execute(&HAND_BACK, schema, &[endpoints.into_datum(), messages.into_datum()]);
+    let leases: Vec<Option<pgrx::datum::TimestampWithTimeZone>> =
+        deliveries.iter().map(|d| pgrx::datum::TimestampWithTimeZone::try_from(d.lease_until).ok()).collect();
+    let held = spi.execute(&HAND_BACK, schema, &[endpoints.into_datum(), messages.into_datum(), leases.into_datum()]);
     (0..held.len()).map(|row| (held.get(row, 1).expect("endpoint"), held.get(row, 2).expect("message"))).collect()
 }
 

@@ -315,7 +315,7 @@ mod unit_tests {
 
     fn delivery(id: i64) -> Claimed {
         let message = Message { public_id: format!("m{id}"), topic: "t".into(), body: b"{}".to_vec(), attempt: 1, headers: vec![] };
-        Claimed { message_id: id, subscription_id: 1, message: Arc::new(message) }
+        Claimed { message_id: id, subscription_id: 1, lease_until: 0, message: Arc::new(message) }
     }
 
     fn loopback_pool(threads: usize) -> Pool {

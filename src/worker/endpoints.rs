@@ -282,6 +282,12 @@ impl Endpoints {
             let known = self.by_id.get(&id);
             let (in_flight, due_now, next_due) = known.map_or((0, true, None), |k| (k.in_flight, k.due_now, k.next_due));
             let failure_unrecorded = known.is_some_and(|k| k.failure_unrecorded);
+            if enabled && known.is_some_and(|k| !k.enabled) {
+                // Enabled again by an operator, which starts its circuit afresh (the
+                // subscription's failing_since is NULL): the worker's older failure is not written
+                // over it.
+                self.breaker_unwritten.forget(id);
+            }
             if let Some(known) = known.filter(|_| self.breaker_unwritten.failing_since_of(id)) {
                 failing_since = known.failing_since; // the worker's, not yet written
             }
@@ -553,7 +559,7 @@ mod unit_tests {
         let message = Arc::new(Message { public_id: String::new(), topic: "t".into(), body: vec![b'x'; 10], attempt: 1, headers: vec![] });
         let state = endpoints.by_id.get_mut(&id).unwrap();
         for n in 0..count {
-            let delivery = Claimed { message_id: n as i64, subscription_id: id, message: Arc::clone(&message) };
+            let delivery = Claimed { message_id: n as i64, subscription_id: id, lease_until: 0, message: Arc::clone(&message) };
             state.queued.push_back(Queued { delivery, start_by });
         }
     }

@@ -56,45 +56,45 @@ impl HeldBackTopics {
 }
 
 /// Work on deliveries an operator's open transaction held (an unsubscribe deleting them, a
-/// redelivery): answers to record, deliveries to hand back. Tried again after [`HOLD_BACK`],
-/// rather than at every step meanwhile.
+/// redelivery): answers to record, deliveries to hand back, messages to settle. Each is tried
+/// again [`HOLD_BACK`] after it was held, rather than at every step meanwhile (and never later
+/// because others were held since).
 pub struct HeldBack<T> {
-    held: Vec<T>,
-    until: Option<Instant>,
+    /// Oldest first, each with the time it is to be tried again.
+    held: Vec<(Instant, T)>,
 }
 
 impl<T> Default for HeldBack<T> {
     fn default() -> Self {
-        HeldBack { held: Vec::new(), until: None }
+        HeldBack { held: Vec::new() }
     }
 }
 
 impl<T> HeldBack<T> {
-    /// Holds `answers` back from `now` (with those already held, for the whole new term).
-    pub fn hold(&mut self, answers: impl IntoIterator<Item = T>, now: Instant) {
-        let before = self.held.len();
-        self.held.extend(answers);
-        if self.held.len() > before {
-            self.until = Some(now + HOLD_BACK);
-        }
+    /// Holds `items` back from `now`.
+    pub fn hold(&mut self, items: impl IntoIterator<Item = T>, now: Instant) {
+        self.held.extend(items.into_iter().map(|item| (now + HOLD_BACK, item)));
     }
 
-    /// The answers whose hold ran out by `now` (all of them, or none).
+    /// The items whose hold ran out by `now`, oldest first.
     pub fn take_due(&mut self, now: Instant) -> Vec<T> {
-        if self.until.is_some_and(|until| now >= until) {
-            self.until = None;
-            return std::mem::take(&mut self.held);
-        }
-        Vec::new()
+        let (due, held) = std::mem::take(&mut self.held).into_iter().partition(|(until, _)| *until <= now);
+        self.held = held;
+        due.into_iter().map(|(_, item)| item).collect()
     }
 
-    /// When the answers held back are to be recorded again.
+    /// All items, due or not (a worker leaving tries them once more).
+    pub fn take_all(&mut self) -> Vec<T> {
+        std::mem::take(&mut self.held).into_iter().map(|(_, item)| item).collect()
+    }
+
+    /// When the next item is to be tried again.
     pub fn until(&self) -> Option<Instant> {
-        self.until
+        self.held.iter().map(|(until, _)| *until).min()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &T> {
-        self.held.iter()
+        self.held.iter().map(|(_, item)| item)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -133,17 +133,30 @@ mod unit_tests {
     }
 
     #[test]
-    fn answers_held_back_come_back_together_once_the_hold_runs_out() {
+    fn each_item_held_back_comes_back_once_its_own_hold_runs_out() {
         let start = Instant::now();
         let mut held = HeldBack::default();
         held.hold([1, 2], start);
         assert_eq!(held.until(), Some(start + HOLD_BACK));
         assert!(held.take_due(start + HOLD_BACK / 2).is_empty(), "not before the hold runs out");
         held.hold([3], start + HOLD_BACK / 2);
-        assert!(held.take_due(start + HOLD_BACK).is_empty(), "a new answer held starts a new term for all");
-        assert_eq!(held.take_due(start + HOLD_BACK / 2 + HOLD_BACK), vec![1, 2, 3]);
+        assert_eq!(held.until(), Some(start + HOLD_BACK), "a later hold does not put off the earlier ones");
+        assert_eq!(held.take_due(start + HOLD_BACK), vec![1, 2]);
+        assert_eq!(held.until(), Some(start + HOLD_BACK / 2 + HOLD_BACK));
+        assert!(held.take_due(start + HOLD_BACK).is_empty());
+        assert_eq!(held.take_due(start + HOLD_BACK / 2 + HOLD_BACK), vec![3]);
         assert!(held.is_empty() && held.until().is_none());
         held.hold([], start);
         assert_eq!(held.until(), None, "holding nothing sets no term");
+    }
+
+    #[test]
+    fn a_worker_leaving_takes_every_item_held_due_or_not() {
+        let start = Instant::now();
+        let mut held = HeldBack::default();
+        held.hold([1], start);
+        held.hold([2], start + HOLD_BACK / 2);
+        assert_eq!(held.take_all(), vec![1, 2]);
+        assert!(held.is_empty() && held.until().is_none());
     }
 }

@@ -215,7 +215,7 @@ impl Worker {
 
         loop {
             if registry::must_leave_now(self.slot) {
-                self.hand_back_before_leaving(schema);
+                self.last_step_before_leaving(schema);
                 return ExitReason::Stopped; // abandons what is in flight: redelivered later
             }
             if shutdown_requested() && !self.draining {
@@ -264,7 +264,7 @@ impl Worker {
             match step {
                 Ok(Step::BackingOff | Step::NotNeeded) => {}
                 Ok(Step::Ran { recorded, breaker_written, hand_backs_held, claimed }) => {
-                    self.endpoints.breaker_unwritten.written(&breaker_written);
+                    breaker::committed(&mut self.endpoints, breaker_written, Instant::now());
                     self.waiting_for_update = false;
                     self.retry_wait = FIRST_RETRY_WAIT;
                     self.retry_at = None;
@@ -315,12 +315,11 @@ impl Worker {
             self.publish_state();
 
             if self.draining {
-                let done = self.pool.in_flight() == 0
-                    && self.finished.is_empty()
-                    && self.held_answers.is_empty()
-                    && self.handing_back.is_empty()
-                    && self.held_hand_backs.is_empty();
-                if done || self.drain_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                if self.pool.in_flight() == 0 && self.nothing_left_to_write() {
+                    return ExitReason::Stopped;
+                }
+                if self.drain_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    self.last_step_before_leaving(schema);
                     return ExitReason::Stopped;
                 }
             } else if self.settings.enabled && !self.waiting_for_update {
@@ -362,22 +361,45 @@ impl Worker {
     }
 
     /// Before leaving at once (a statement that needs the database without connections, or
-    /// DROP EXTENSION, waits for it): one short transaction records the answers already back
-    /// and hands back what was queued and never sent, so that its attempt does not count. (The
-    /// next worker would take those for requests in flight: counted, sent as a second attempt,
-    /// dead with `outbox.max_attempts = 1`.) It waits for no lock; what is in flight is
-    /// abandoned and sent again by the next worker.
-    fn hand_back_before_leaving(&mut self, schema: pg_sys::Oid) {
+    /// DROP EXTENSION, waits for it), or when a drain runs out of time: one short transaction
+    /// records the answers already back, with those held back (due or not), hands back what
+    /// was queued and never sent, so that its attempt does not count, settles what waits to be
+    /// settled and writes the breaker's changes. (The next worker would take the deliveries
+    /// for requests in flight: counted, sent as a second attempt, dead with
+    /// `outbox.max_attempts = 1`.) It waits for no lock; what is in flight is abandoned and sent
+    /// again by the next worker.
+    fn last_step_before_leaving(&mut self, schema: pg_sys::Oid) {
         self.endpoints.allow_continuing(false, self.settings.max_in_flight, self.pool.in_flight());
         self.take_answers();
+        let held_answers = self.held_answers.take_all();
+        if !held_answers.is_empty() {
+            self.finished_since.get_or_insert_with(Instant::now);
+            self.finished.extend(held_answers);
+        }
+        self.handing_back.extend(self.held_hand_backs.take_all());
         self.handing_back.extend(self.endpoints.take_unsendable(true));
-        if self.handing_back.is_empty() && self.finished.is_empty() {
+        self.settling_again.extend(self.endpoints.settling_held.take_all());
+        if self.nothing_left_to_write() {
             return;
         }
         session::wait_briefly();
-        if let Err(failure) = session::transaction(|| self.step(schema, false)) {
-            pgrx::log!("outbox_ext: leaving at once, the delivery worker could not hand back its queued deliveries: {failure}");
+        match session::transaction(|| self.step(schema, false)) {
+            Ok(Step::Ran { breaker_written, .. }) => breaker::committed(&mut self.endpoints, breaker_written, Instant::now()),
+            Ok(_) => {}
+            Err(failure) => pgrx::log!("outbox_ext: leaving, the delivery worker could not record what it holds: {failure}"),
         }
+    }
+
+    /// Whether nothing the worker holds is still to be written: answers (held back or not),
+    /// hand-backs, messages to settle, the breaker's changes.
+    fn nothing_left_to_write(&self) -> bool {
+        self.finished.is_empty()
+            && self.held_answers.is_empty()
+            && self.handing_back.is_empty()
+            && self.held_hand_backs.is_empty()
+            && self.settling_again.is_empty()
+            && self.endpoints.settling_held.is_empty()
+            && self.endpoints.breaker_unwritten.is_empty()
     }
 
     /// One step, in one transaction: record the answers that came back, then (unless draining)
@@ -456,7 +478,8 @@ impl Worker {
         if !claiming || !self.handing_back.is_empty() || self.messages_may_be_ready || Instant::now() >= self.next_refresh {
             return true;
         }
-        if self.endpoints.settling_held.until().is_some_and(|until| Instant::now() >= until) {
+        let retries = [self.endpoints.settling_held.until(), self.endpoints.breaker_unwritten.retry_at()];
+        if retries.into_iter().flatten().any(|at| Instant::now() >= at) {
             return true;
         }
         if !self.finished.is_empty() {
@@ -559,7 +582,12 @@ impl Worker {
         if let Some(since) = self.finished_since {
             wait = wait.min(RECORD_WITHIN.saturating_sub(since.elapsed()));
         }
-        let holds = [self.held_answers.until(), self.held_hand_backs.until(), self.endpoints.settling_held.until()];
+        let holds = [
+            self.held_answers.until(),
+            self.held_hand_backs.until(),
+            self.endpoints.settling_held.until(),
+            self.endpoints.breaker_unwritten.retry_at(),
+        ];
         for until in holds.into_iter().flatten() {
             wait = wait.min(until.saturating_duration_since(Instant::now()));
         }

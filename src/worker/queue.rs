@@ -132,7 +132,7 @@ mod unit_tests {
         let message = Arc::new(Message { public_id: String::new(), topic: "t".into(), body: vec![b'x'; 10], attempt: 1, headers: vec![] });
         for n in 0..count {
             queue.push_back(Queued {
-                delivery: Claimed { message_id: n as i64, subscription_id: 1, message: Arc::clone(&message) },
+                delivery: Claimed { message_id: n as i64, subscription_id: 1, lease_until: 0, message: Arc::clone(&message) },
                 start_by,
             });
         }

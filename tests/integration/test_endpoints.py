@@ -13,7 +13,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from conftest import configure_worker, connect, reset_worker_settings
-from support import eventually
+from support import eventually, worker_pid
 
 FAST = {
     "outbox.backoff_base": "100ms",
@@ -212,6 +212,31 @@ def test_a_recovery_an_operators_transaction_held_back_is_recorded_after_its_com
     assert db.execute("SELECT enabled FROM outbox_subscription WHERE id = %s", (subscription,)).fetchone()[0], \
         "one failure disabled the endpoint"
     eventually(lambda: done(db) == 2, what="the second message delivered")
+
+
+def test_a_worker_stopping_writes_the_failure_an_operators_transaction_held_once_it_commits(worker, receivers):
+    """A worker stopping waited for its answers and hand-backs, not for the breaker's writes: an
+    endpoint's failure that an operator's open transaction held back from its subscription was
+    lost with the worker (the next one knows nothing of it, and records the run of failures only
+    at the endpoint's next failure, a backoff later). The drain waits for it as for an answer."""
+    db = worker
+    configure_worker({"outbox.backoff_base": "1min", "outbox.backoff_max": "1min", "outbox.http_timeout": "5s"})
+    receiver = receivers()
+    receiver.answer_by_default(503)
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,)).fetchone()[0]
+    failing = "SELECT failing_since IS NOT NULL FROM outbox_subscription WHERE id = %s"
+    with connect() as operator:
+        operator.execute("SELECT outbox_rotate_secret(%s)", (subscription,))  # not committed yet
+        enqueue_many(db, 1)
+        eventually(lambda: db.execute("SELECT count(*) FROM outbox_delivery_attempts").fetchone()[0] == 1,
+                   what="the failure recorded for the delivery")
+        pid = worker_pid(db.info.dbname)
+        db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        time.sleep(0.3)
+        assert not db.execute(failing, (subscription,)).fetchone()[0], "written through the operator's transaction"
+        operator.commit()
+    eventually(lambda: db.execute(failing, (subscription,)).fetchone()[0], timeout=5, what="the failure written by the worker stopping")
+    eventually(lambda: worker_pid(db.info.dbname) not in (None, pid), what="a new worker")
 
 
 # -- 2. rate limits ----------------------------------------------------------------------------
