@@ -928,6 +928,15 @@ BEGIN
                     AND o.waiting_for IS DISTINCT FROM 'deliveries'::@extschema@.outbox_wait)
          ORDER BY o.id
            FOR UPDATE);
+    -- Their ordering keys, held as a producer holds a key it queues behind (src/ordering) until
+    -- this transaction ends: meanwhile the worker leaves the keys' newer messages alone, rather
+    -- than make one the key's head at this endpoint beside the replay (it waited for this
+    -- commit, every endpoint with it, and then failed on outbox_delivery_key_head_idx).
+    PERFORM pg_advisory_xact_lock_shared('@extschema@.outbox'::regclass::oid::int4, k.hash)
+       FROM (SELECT DISTINCT hashtext(o.ordering_key) AS hash
+               FROM @extschema@.outbox o
+              WHERE o.id = ANY (chosen_ids) AND o.ordering_key IS NOT NULL
+              ORDER BY 1) k;
     -- Those in the history come back to outbox, with their deliveries, to be sent again.
     WITH archived AS (
         DELETE FROM @extschema@.outbox o

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID]);
+static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID, INT4OID]);
 static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
@@ -35,7 +35,9 @@ pub struct Claimed {
 
 /// Makes the deliveries of up to `batch` ready messages of the delivered topics; marks the
 /// endpoints that got some as due. Returns whether more messages may be ready now (the batch
-/// was full, or ordering keys were released: their next messages are ready).
+/// was full, or ordering keys were released: their next messages are ready). Messages whose
+/// topic an operator, or whose ordering key a producer, is changing in an open transaction are
+/// left for a later pick-up (held_back.rs).
 pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, batch: i32, now: pg_sys::TimestampTz) -> bool {
     let started = Instant::now();
     let topics = endpoints.held_back_topics.excluding(endpoints.topics(), started);
@@ -48,11 +50,21 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
     let rows = spi.execute(
         &FAN_OUT,
         schema,
-        &[Some(pg_sys::Datum::from(now)), topics.clone().into_datum(), batch.into_datum(), Some(start_from.into())],
+        &[
+            Some(pg_sys::Datum::from(now)),
+            topics.clone().into_datum(),
+            batch.into_datum(),
+            Some(start_from.into()),
+            ordering::key_lock_space(schema).into_datum(),
+        ],
     );
     endpoints.fan_out_head.found(&topics, start_from, now, rows.get(0, 4), started);
     endpoints.held_back_topics.hold(rows.get_text_array(0, 5), started);
-    let picked_up: i64 = rows.get(0, 1).unwrap_or(0);
+    let locked: i64 = rows.get(0, 1).unwrap_or(0);
+    let picked_up: i64 = rows.get(0, 6).unwrap_or(0);
+    if picked_up < locked {
+        endpoints.held_back_topics.hold_keyed(started); // their producers wake the worker too
+    }
     for id in rows.get::<Vec<i64>>(0, 2).unwrap_or_default() {
         if let Some(state) = endpoints.by_id.get_mut(&id) {
             state.due_now = true;
@@ -60,7 +72,8 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
     }
     let released_keys = rows.datum(0, 3);
     ordering::release_message_keys(spi, schema, released_keys);
-    picked_up == i64::from(batch) || released_keys.is_some()
+    // (A full batch of messages whose keys are held is not "more ready": tried again later.)
+    (locked == i64::from(batch) && picked_up > 0) || released_keys.is_some()
 }
 
 /// What an endpoint may take in one claim.

@@ -13,9 +13,14 @@
 -- (holding back every topic) and then fail the statement, and one subscribed again in the same
 -- transaction is not in the snapshot yet. The worker tries such topics again shortly.
 --
--- Returns how many messages it picked up, the endpoints that got new deliveries, the ordering
--- keys released (for src/ordering), the oldest picked up's available_at, and the topics left
--- alone.
+-- A message whose ordering key a producer's open transaction holds (queuing a message behind
+-- it: src/ordering) is left alone too: handing its key on waits for that commit, to see the new
+-- message, and the worker would wait with its whole step. Its key's advisory lock ($5, the tag's
+-- first half) is tried here and kept until the step ends (src/ordering releases the keys).
+--
+-- Returns how many messages it locked, the endpoints that got new deliveries, the ordering
+-- keys released (for src/ordering), the oldest locked's available_at, the topics left alone,
+-- and how many messages it picked up (those locked less those whose key was held).
 WITH ready AS (
     SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key, o.available_at
       FROM ONLY @extschema@.outbox o
@@ -27,8 +32,13 @@ WITH ready AS (
      ORDER BY o.available_at, o.id
      LIMIT $3
        FOR UPDATE SKIP LOCKED
+), picked AS MATERIALIZED (
+    SELECT r.*
+      FROM ready r
+     WHERE CASE WHEN r.ordering_key IS NULL THEN true
+                ELSE pg_catalog.pg_try_advisory_xact_lock($5, pg_catalog.hashtext(r.ordering_key)) END
 ), ready_topics AS MATERIALIZED (
-    SELECT ARRAY(SELECT DISTINCT r.topic::pg_catalog.text FROM ready r) AS topics
+    SELECT ARRAY(SELECT DISTINCT r.topic::pg_catalog.text FROM picked r) AS topics
 ), held AS MATERIALIZED (
     -- The subscriptions of those messages' topics, locked as each new delivery's foreign key
     -- locks them, skipping any that an operator is removing.
@@ -57,7 +67,7 @@ WITH ready AS (
                          AND p.waiting_for IS NULL
                        LIMIT 1)
                 THEN 'ordering_key'::@extschema@.outbox_wait END
-      FROM ready r
+      FROM picked r
       JOIN held s
         ON s.topic OPERATOR(pg_catalog.=) r.topic
      WHERE r.topic::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ((SELECT u.topics FROM unsettled u)::pg_catalog.text[])
@@ -70,7 +80,7 @@ WITH ready AS (
        SET waiting_for = 'deliveries'::@extschema@.outbox_wait, lease_token = NULL
      WHERE o.id OPERATOR(pg_catalog.=) ANY (ARRAY(
                SELECT r.id
-                 FROM ready r
+                 FROM picked r
                 WHERE r.topic::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ((SELECT u.topics FROM unsettled u)::pg_catalog.text[])
                   AND (EXISTS (SELECT FROM made m WHERE m.message_id OPERATOR(pg_catalog.=) r.id)
                        -- (A requeued message's deliveries, by outbox_delivery's key: as an EXISTS,
@@ -82,4 +92,5 @@ SELECT (SELECT pg_catalog.count(*) FROM ready),
        ARRAY(SELECT DISTINCT m.subscription_id FROM made m),
        (SELECT pg_catalog.array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL) FROM waiting w),
        (SELECT pg_catalog.min(r.available_at) FROM ready r),
-       (SELECT u.topics FROM unsettled u)
+       (SELECT u.topics FROM unsettled u),
+       (SELECT pg_catalog.count(*) FROM picked)

@@ -10,7 +10,9 @@ pub const HOLD_BACK: Duration = Duration::from_millis(100);
 
 /// Topics a pick-up left alone because an operator was changing their subscriptions (an
 /// unsubscribe not yet committed: fan_out.sql). The next pick-ups skip them for [`HOLD_BACK`],
-/// so that their messages do not fill every batch meanwhile; then they are tried again.
+/// so that their messages do not fill every batch meanwhile; then they are tried again. So are,
+/// after the same time, messages it left alone because a producer's open transaction held their
+/// ordering keys (each pick-up leaves those alone by itself).
 #[derive(Debug, Default)]
 pub struct HeldBackTopics {
     topics: Vec<String>,
@@ -37,6 +39,12 @@ impl HeldBackTopics {
             }
         }
         self.until = Some(now + HOLD_BACK);
+    }
+
+    /// A pick-up at `now` left keyed messages alone: the next pick-ups may leave them alone
+    /// too, and one is tried again after [`HOLD_BACK`] (if nothing else ran one meanwhile).
+    pub fn hold_keyed(&mut self, now: Instant) {
+        self.until.get_or_insert(now + HOLD_BACK);
     }
 
     /// When the topics held back are to be tried again.
@@ -130,6 +138,18 @@ mod unit_tests {
         assert!(!held.take_expired(end), "once");
         held.hold(Vec::new(), end);
         assert_eq!(held.until(), None, "nothing to hold");
+    }
+
+    #[test]
+    fn keyed_messages_left_alone_are_tried_again_after_the_hold_holding_back_no_topic() {
+        let mut held = HeldBackTopics::default();
+        let start = Instant::now();
+        held.hold_keyed(start);
+        held.hold_keyed(start + HOLD_BACK / 2);
+        assert_eq!(held.until(), Some(start + HOLD_BACK), "the first hold's term");
+        assert_eq!(held.excluding(topics(&["a"]), start), topics(&["a"]), "no topic skipped");
+        assert!(!held.take_expired(start + HOLD_BACK / 2));
+        assert!(held.take_expired(start + HOLD_BACK), "then a pick-up tries them again");
     }
 
     #[test]

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from conftest import configure_worker, connect
-from support import eventually
+from support import ServerLog, eventually
 
 
 def enqueue(conn, topic, n, key=None, delay="0"):
@@ -286,3 +286,51 @@ def test_the_worker_delivers_each_key_in_order_to_each_endpoint_through_random_f
             successes = arrivals[key]
             # Each message arrives once with 2xx, in enqueue order.
             assert successes == list(range(per_key)), (key, successes)
+
+
+def test_a_producers_open_transaction_on_a_key_holds_back_no_other_topic(fast_worker, receivers):
+    """A producer queuing a message behind an ordering key holds the key until it commits;
+    whoever hands the key's head on waits for it, to see the new message. The worker's pick-up
+    handing a head to its deliveries waited so with its whole step, every endpoint's, for as long
+    as the producer's transaction lasted (up to its 10 s lock_timeout, then again: stop 46's
+    audit). It leaves that head for a later pick-up instead."""
+    db = fast_worker
+    keyed, other = receivers(), receivers()
+    head = enqueue(db, "booking.created", 1, "booking:42")  # nobody delivers the topic yet
+    with connect() as producer:
+        behind = enqueue(producer, "booking.created", 2, "booking:42")  # not committed yet
+        db.execute("SELECT outbox_subscribe('booking.created', %s)", (keyed.url,))
+        db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+        time.sleep(0.5)  # the worker picks the head up, or tries to
+        enqueue(db, "other.topic", 3)
+        other.wait_for(1, timeout=5)
+        producer.commit()
+    keyed.wait_for(2, timeout=10)
+    assert [json.loads(r["body"])["n"] for r in keyed.requests] == [1, 2], "in the key's order"
+    assert {head, behind} <= {row[0] for row in db.execute("SELECT id FROM outbox WHERE status = 'DONE'")}
+
+
+def test_a_redelivery_not_yet_committed_holds_back_no_other_topic_and_keeps_the_keys_order(fast_worker, receivers):
+    """A redelivery of a keyed message makes its delivery the key's head at the endpoint again.
+    Before it committed, the worker making a newer message of that key the head there too
+    waited for it with its whole step, every endpoint's, and then failed on the one-head-per-key
+    index (stop 46's audit). The redelivery holds the key as a producer does, and the worker
+    leaves that message for a later pick-up."""
+    db = fast_worker
+    keyed, other = receivers(), receivers()
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', %s)", (keyed.url,)).fetchone()[0]
+    db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+    first = enqueue(db, "booking.created", 1, "booking:42")
+    log = ServerLog()
+    keyed.wait_for(1, timeout=10)
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (first,)).fetchone()[0] == "DONE")
+    with connect() as operator:
+        operator.execute("SELECT outbox_redeliver(%s, message_ids => ARRAY[%s]::bigint[])", (subscription, first))  # not committed yet
+        enqueue(db, "booking.created", 2, "booking:42")
+        time.sleep(0.5)  # the worker picks it up, or tries to
+        enqueue(db, "other.topic", 3)
+        other.wait_for(1, timeout=5)
+        operator.commit()
+    keyed.wait_for(3, timeout=10)
+    assert [json.loads(r["body"])["n"] for r in keyed.requests] == [1, 1, 2], "the replay before the newer message"
+    assert "delivery step failed" not in log.since()
