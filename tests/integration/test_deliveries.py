@@ -300,6 +300,32 @@ def test_a_redelivery_not_yet_committed_holds_back_no_other_endpoints_answers(fa
     assert "a delivery step failed" not in log.since()
 
 
+def test_a_worker_starts_while_a_redelivery_holds_a_delivery_its_predecessor_leased(fast_worker, receivers):
+    """A worker starting makes its predecessor's leased deliveries due again. One that an open
+    redelivery held made the start wait for it (10 s of lock_timeout, every endpoint with it, and
+    then gave up releasing any). It is left to the redelivery now."""
+    db = fast_worker
+    log = ServerLog()
+    slow, other = receivers(), receivers()
+    slow.answer_by_default(200, delay=0.5)
+    slow_id = db.execute("SELECT outbox_subscribe('shared.topic', %s)", (slow.url,)).fetchone()[0]
+    db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+    enqueue(db, "shared.topic", {"n": 1})
+    slow.wait_for(1, timeout=5, started=True)  # in flight
+    with connect() as operator:
+        assert operator.execute("SELECT outbox_redeliver(%s)", (slow_id,)).fetchone()[0] == 1  # not committed yet
+        pid = worker_pid(db.info.dbname)
+        db.execute("SELECT pg_terminate_backend(%s)", (pid,))  # its answer waits for the redelivery: left leased
+        eventually(lambda: worker_pid(db.info.dbname) not in (None, pid), timeout=15, what="a new worker")
+        enqueue(db, "other.topic", {"n": 2})
+        other.wait_for(1, timeout=5)
+        operator.commit()
+    slow.wait_for(2, timeout=5)
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 2,
+               what="every message DONE")
+    assert "a delivery step failed" not in log.since()
+
+
 @pytest.mark.parametrize("operator_ends_with", ["commit", "rollback"])
 def test_a_paused_worker_hands_back_what_it_can_while_an_unsubscribe_is_open(fast_worker, receivers, operator_ends_with):
     """Paused (outbox.worker_enabled = off), the worker hands back what it leased ahead and did
