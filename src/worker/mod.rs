@@ -439,7 +439,7 @@ impl Worker {
                 let batch = self.settings.batch_size;
                 self.messages_may_be_ready = claim::fan_out(&mut spi, schema, &mut self.endpoints, batch, now);
             }
-            let held = self.pool.bytes_in_flight() + self.endpoints.bytes_queued();
+            let held = self.pool.bytes_in_flight() + self.endpoints.bytes_queued() + self.bytes_handing_back();
             let mut budget = (self.settings.max_payload_bytes as i64 - held as i64).max(0);
             let (max_in_flight, batch) = (self.settings.max_in_flight, self.settings.batch_size as usize);
             // Not leased again meanwhile: deliveries whose answers wait (from earlier steps, and
@@ -468,6 +468,12 @@ impl Worker {
         }
         spi.finish();
         Step::Ran { recorded, breaker_written, hand_backs_held, claimed }
+    }
+
+    /// The payload bytes of the deliveries to hand back: an operator's transaction may hold
+    /// them back for as long as it lasts, and they count in `outbox.worker_memory` meanwhile.
+    fn bytes_handing_back(&self) -> usize {
+        self.handing_back.iter().chain(self.held_hand_backs.iter()).map(|back| back.message.body.len()).sum()
     }
 
     /// Whether a step has work: answers to record (a batch of them, or the first one waiting
