@@ -16,7 +16,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID, INT4OID]);
+static FAN_OUT: Statement =
+    Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID]);
 static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
@@ -56,15 +57,19 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
             batch.into_datum(),
             Some(start_from.into()),
             ordering::key_lock_space(schema).into_datum(),
+            endpoints.held_back_keys.to_wait_for(started).into_datum(),
         ],
     );
     endpoints.fan_out_head.found(&topics, start_from, now, rows.get(0, 4), started);
     endpoints.held_back_topics.hold(rows.get_text_array(0, 5), started);
     let locked: i64 = rows.get(0, 1).unwrap_or(0);
     let picked_up: i64 = rows.get(0, 6).unwrap_or(0);
-    if picked_up < locked {
+    let keys_left_alone: Vec<(String, i64)> =
+        rows.get_text_array(0, 7).into_iter().zip(rows.get::<Vec<i64>>(0, 8).unwrap_or_default()).collect();
+    if !keys_left_alone.is_empty() {
         endpoints.held_back_topics.hold_keyed(started); // their producers wake the worker too
     }
+    endpoints.held_back_keys.left_alone(keys_left_alone, started);
     for id in rows.get::<Vec<i64>>(0, 2).unwrap_or_default() {
         if let Some(state) = endpoints.by_id.get_mut(&id) {
             state.due_now = true;

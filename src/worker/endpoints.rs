@@ -227,6 +227,8 @@ pub struct Endpoints {
     /// Topics the pick-up leaves alone for a moment (an operator is changing their
     /// subscriptions).
     pub held_back_topics: super::held_back::HeldBackTopics,
+    /// Ordering keys whose messages the pick-up leaves alone while producers hold them.
+    pub held_back_keys: super::held_back::HeldBackKeys,
     /// Messages whose deliveries have all ended, left unsettled because an operator's open
     /// transaction held them (record.rs, settle_messages): settled by a later step.
     pub settling_held: super::held_back::HeldBack<i64>,

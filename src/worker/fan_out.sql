@@ -16,11 +16,14 @@
 -- A message whose ordering key a producer's open transaction holds (queuing a message behind
 -- it: src/ordering) is left alone too: handing its key on waits for that commit, to see the new
 -- message, and the worker would wait with its whole step. Its key's advisory lock ($5, the tag's
--- first half) is tried here and kept until the step ends (src/ordering releases the keys).
+-- first half) is tried here and kept until the step ends (src/ordering releases the keys),
+-- except for the keys $6, left alone for long enough while producers kept committing to them
+-- (held_back.rs, KEY_PATIENCE): those are waited for, as src/ordering does.
 --
 -- Returns how many messages it locked, the endpoints that got new deliveries, the ordering
 -- keys released (for src/ordering), the oldest locked's available_at, the topics left alone,
--- and how many messages it picked up (those locked less those whose key was held).
+-- how many messages it picked up (those locked less those whose key was held), and the keys
+-- left alone with the newest message queued behind each (0: none).
 WITH ready AS (
     SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key, o.available_at
       FROM ONLY @extschema@.outbox o
@@ -35,8 +38,18 @@ WITH ready AS (
 ), picked AS MATERIALIZED (
     SELECT r.*
       FROM ready r
-     WHERE CASE WHEN r.ordering_key IS NULL THEN true
+     WHERE CASE WHEN r.ordering_key IS NULL OR r.ordering_key OPERATOR(pg_catalog.=) ANY ($6) THEN true
                 ELSE pg_catalog.pg_try_advisory_xact_lock($5, pg_catalog.hashtext(r.ordering_key)) END
+), left_alone AS MATERIALIZED (
+    SELECT r.id, r.ordering_key,
+           COALESCE((SELECT pg_catalog.max(q.id)
+                       FROM ONLY @extschema@.outbox q
+                      WHERE q.ordering_key OPERATOR(pg_catalog.=) r.ordering_key
+                        AND q.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+                        AND q.waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::@extschema@.outbox_wait), 0) AS newest
+      FROM ready r
+     WHERE r.ordering_key IS NOT NULL
+       AND NOT EXISTS (SELECT FROM picked p WHERE p.id OPERATOR(pg_catalog.=) r.id)
 ), ready_topics AS MATERIALIZED (
     SELECT ARRAY(SELECT DISTINCT r.topic::pg_catalog.text FROM picked r) AS topics
 ), held AS MATERIALIZED (
@@ -93,4 +106,6 @@ SELECT (SELECT pg_catalog.count(*) FROM ready),
        (SELECT pg_catalog.array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL) FROM waiting w),
        (SELECT pg_catalog.min(r.available_at) FROM ready r),
        (SELECT u.topics FROM unsettled u),
-       (SELECT pg_catalog.count(*) FROM picked)
+       (SELECT pg_catalog.count(*) FROM picked),
+       ARRAY(SELECT l.ordering_key::pg_catalog.text FROM left_alone l ORDER BY l.id),
+       ARRAY(SELECT l.newest FROM left_alone l ORDER BY l.id)

@@ -3,6 +3,7 @@
 //! skips those rows (`SKIP LOCKED`) rather than wait for them with its whole step, every
 //! endpoint's, and comes back to them after [`HOLD_BACK`].
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// How long the worker leaves alone what an operator's open transaction holds.
@@ -63,6 +64,58 @@ impl HeldBackTopics {
     }
 }
 
+/// How long the pick-up leaves alone a message whose ordering key producers keep holding
+/// (fan_out.sql), committing new messages of the key meanwhile, before it waits for the key as
+/// every other releaser does: producers whose transactions overlap, each beginning before the
+/// last one ends, would otherwise keep the key from being handed on for good. (The wait queues
+/// the worker ahead of the producers that come after it.) A key that no producer commits to
+/// meanwhile is held by the same transaction(s) all along: waiting for one that stays open
+/// (idle in transaction) would hold back the worker's steps, so it is left alone for as long.
+pub const KEY_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The ordering keys whose messages the pick-up left alone because producers held them.
+#[derive(Debug, Default)]
+pub struct HeldBackKeys {
+    held: BTreeMap<String, HeldKey>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HeldKey {
+    /// First left alone then (in a row of pick-ups).
+    since: Instant,
+    /// The newest message queued behind the key then.
+    newest_then: i64,
+    /// Producers committed messages of the key since.
+    churning: bool,
+}
+
+impl HeldBackKeys {
+    /// The keys to wait for at `now`: left alone for [`KEY_PATIENCE`] or longer while their
+    /// producers kept committing.
+    pub fn to_wait_for(&self, now: Instant) -> Vec<String> {
+        self.held
+            .iter()
+            .filter(|(_, key)| key.churning && now.duration_since(key.since) >= KEY_PATIENCE)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// A pick-up at `now` left alone the messages of `keys`, each with the newest message queued
+    /// behind it. The other keys are forgotten (handed on, or their messages not picked up this
+    /// time: their patience starts again).
+    pub fn left_alone(&mut self, keys: Vec<(String, i64)>, now: Instant) {
+        let mut held = BTreeMap::new();
+        for (name, newest) in keys {
+            let key = match self.held.get(&name) {
+                Some(&before) => HeldKey { churning: before.churning || newest != before.newest_then, ..before },
+                None => HeldKey { since: now, newest_then: newest, churning: false },
+            };
+            held.insert(name, key);
+        }
+        self.held = held;
+    }
+}
+
 /// Work on deliveries an operator's open transaction held (an unsubscribe deleting them, a
 /// redelivery): answers to record, deliveries to hand back, messages to settle. Each is tried
 /// again [`HOLD_BACK`] after it was held, rather than at every step meanwhile (and never later
@@ -112,7 +165,7 @@ impl<T> HeldBack<T> {
 
 #[cfg(test)]
 mod unit_tests {
-    use super::{HeldBack, HeldBackTopics, HOLD_BACK};
+    use super::{HeldBack, HeldBackKeys, HeldBackTopics, HOLD_BACK, KEY_PATIENCE};
     use std::time::{Duration, Instant};
 
     fn topics(names: &[&str]) -> Vec<String> {
@@ -150,6 +203,26 @@ mod unit_tests {
         assert_eq!(held.excluding(topics(&["a"]), start), topics(&["a"]), "no topic skipped");
         assert!(!held.take_expired(start + HOLD_BACK / 2));
         assert!(held.take_expired(start + HOLD_BACK), "then a pick-up tries them again");
+    }
+
+    #[test]
+    fn a_key_producers_keep_committing_to_is_waited_for_once_the_patience_runs_out() {
+        let mut keys = HeldBackKeys::default();
+        let start = Instant::now();
+        let key = |name: &str, newest: i64| (name.to_string(), newest);
+        keys.left_alone(vec![key("a", 10), key("b", 20), key("idle", 30)], start);
+        assert!(keys.to_wait_for(start).is_empty(), "left alone first");
+        keys.left_alone(vec![key("a", 11), key("idle", 30)], start + KEY_PATIENCE / 2); // b handed on
+        keys.left_alone(vec![key("a", 12), key("b", 21), key("idle", 30)], start + KEY_PATIENCE / 2);
+        assert_eq!(keys.to_wait_for(start + KEY_PATIENCE), vec!["a".to_string()], "b's patience started again");
+        keys.left_alone(vec![key("a", 12), key("b", 22), key("idle", 30)], start + KEY_PATIENCE);
+        assert_eq!(keys.to_wait_for(start + KEY_PATIENCE / 2 + KEY_PATIENCE), vec!["a".to_string(), "b".to_string()]);
+        assert!(
+            !keys.to_wait_for(start + 10 * KEY_PATIENCE).contains(&"idle".to_string()),
+            "a key nobody commits to is held by the same transaction: not waited for"
+        );
+        keys.left_alone(Vec::new(), start + 2 * KEY_PATIENCE);
+        assert!(keys.to_wait_for(start + 3 * KEY_PATIENCE).is_empty(), "every key handed on");
     }
 
     #[test]

@@ -293,7 +293,8 @@ def test_a_producers_open_transaction_on_a_key_holds_back_no_other_topic(fast_wo
     whoever hands the key's head on waits for it, to see the new message. The worker's pick-up
     handing a head to its deliveries waited so with its whole step, every endpoint's, for as long
     as the producer's transaction lasted (up to its 10 s lock_timeout, then again: stop 46's
-    audit). It leaves that head for a later pick-up instead."""
+    audit). It leaves that head for a later pick-up instead, for as long as the transaction
+    lasts (longer than the worker's patience with a key producers keep committing to)."""
     db = fast_worker
     keyed, other = receivers(), receivers()
     head = enqueue(db, "booking.created", 1, "booking:42")  # nobody delivers the topic yet
@@ -301,7 +302,7 @@ def test_a_producers_open_transaction_on_a_key_holds_back_no_other_topic(fast_wo
         behind = enqueue(producer, "booking.created", 2, "booking:42")  # not committed yet
         db.execute("SELECT outbox_subscribe('booking.created', %s)", (keyed.url,))
         db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
-        time.sleep(0.5)  # the worker picks the head up, or tries to
+        time.sleep(1.5)  # the worker tries to pick the head up, for longer than KEY_PATIENCE
         enqueue(db, "other.topic", 3)
         other.wait_for(1, timeout=5)
         producer.commit()
@@ -334,3 +335,38 @@ def test_a_redelivery_not_yet_committed_holds_back_no_other_topic_and_keeps_the_
     keyed.wait_for(3, timeout=10)
     assert [json.loads(r["body"])["n"] for r in keyed.requests] == [1, 1, 2], "the replay before the newer message"
     assert "delivery step failed" not in log.since()
+
+
+def test_a_key_producers_keep_holding_is_handed_on_all_the_same(fast_worker, receivers):
+    """The pick-up leaves alone a head whose key a producer holds. Producers whose transactions
+    overlap, each beginning before the last one ends, hold the key all the time: left alone, the
+    head would never be handed on while they kept at it. After a while (KEY_PATIENCE, 1 s) the
+    worker waits for the key as a consumer does, and the producers that come after it wait for
+    it."""
+    db = fast_worker
+    receiver = receivers()
+    enqueue(db, "booking.created", 0, "booking:42")  # the head; nobody delivers the topic yet
+    stop = threading.Event()
+    enqueued = []
+
+    def produce(offset):
+        time.sleep(offset)
+        with connect() as producer:
+            while not stop.is_set():
+                with producer.transaction():
+                    enqueued.append(enqueue(producer, "booking.created", 1, "booking:42"))
+                    time.sleep(0.3)  # the next producer begins meanwhile
+
+    threads = [threading.Thread(target=produce, args=(offset,)) for offset in (0, 0.1, 0.2)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)  # the key held all the time from here on
+        db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+        receiver.wait_for(1, timeout=5)
+        assert json.loads(receiver.requests[0]["body"])["n"] == 0, "the head first"
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    receiver.wait_for(1 + len(enqueued), timeout=20)
