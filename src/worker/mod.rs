@@ -240,12 +240,7 @@ impl Worker {
                 self.next_refresh = Instant::now();
             }
             self.take_answers();
-            let held_back = self.held_answers.take_due(Instant::now());
-            if !held_back.is_empty() {
-                self.finished_since.get_or_insert_with(Instant::now);
-                self.finished.extend(held_back);
-            }
-            self.handing_back.extend(self.held_hand_backs.take_due(Instant::now()));
+            self.bring_back_held(Some(Instant::now()));
             self.endpoints.mark_due(crate::backend::now());
 
             let claiming = self.claiming();
@@ -371,12 +366,7 @@ impl Worker {
     fn last_step_before_leaving(&mut self, schema: pg_sys::Oid) {
         self.endpoints.allow_continuing(false, self.settings.max_in_flight, self.pool.in_flight());
         self.take_answers();
-        let held_answers = self.held_answers.take_all();
-        if !held_answers.is_empty() {
-            self.finished_since.get_or_insert_with(Instant::now);
-            self.finished.extend(held_answers);
-        }
-        self.handing_back.extend(self.held_hand_backs.take_all());
+        self.bring_back_held(None);
         self.handing_back.extend(self.endpoints.take_unsendable(true));
         self.settling_again.extend(self.endpoints.settling_held.take_all());
         if self.nothing_left_to_write() {
@@ -388,6 +378,20 @@ impl Worker {
             Ok(_) => {}
             Err(failure) => pgrx::log!("outbox_ext: leaving, the delivery worker could not record what it holds: {failure}"),
         }
+    }
+
+    /// Brings the answers and hand-backs held back to the next step: those due by `due_by`, or
+    /// all of them (`None`: the worker is leaving).
+    fn bring_back_held(&mut self, due_by: Option<Instant>) {
+        let (answers, hand_backs) = match due_by {
+            Some(now) => (self.held_answers.take_due(now), self.held_hand_backs.take_due(now)),
+            None => (self.held_answers.take_all(), self.held_hand_backs.take_all()),
+        };
+        if !answers.is_empty() {
+            self.finished_since.get_or_insert_with(Instant::now);
+            self.finished.extend(answers);
+        }
+        self.handing_back.extend(hand_backs);
     }
 
     /// Whether nothing the worker holds is still to be written: answers (held back or not),
