@@ -27,6 +27,7 @@ static LOCK_KEYS: Statement = Statement::new(include_str!("lock_keys.sql"), &[TE
 static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messages.sql"), &[TEXTARRAYOID]);
 static STEP_BACK_NEWER_HEADS: Statement = Statement::new(include_str!("step_back_newer_heads.sql"), &[TEXTARRAYOID]);
 static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
+static LOCK_QUEUED_DELIVERIES: Statement = Statement::new(include_str!("lock_queued_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
 
 /// Before a producer adds messages to ordering key `key` (a text datum) in this transaction:
 /// whoever ends the key's head from now on waits for this transaction, then sees what it added
@@ -110,22 +111,52 @@ sql_function!(outbox_release_keys_c, pg_finfo_outbox_release_keys_c, |args| {
     released.into_datum().unwrap()
 });
 
+/// Ordering keys at endpoints, as (endpoint, key).
+pub type EndpointKeys = Vec<(i64, String)>;
+
 /// After deliveries ended (`endpoints` and `keys` pairwise, as bigint[] and text[] datums; `None`
 /// when none had a key): per endpoint and key, the next delivery becomes claimable. Returns how
-/// many did.
-pub fn release_delivery_keys(spi: &mut Spi, schema: pg_sys::Oid, endpoints: Option<pg_sys::Datum>, keys: Option<pg_sys::Datum>) -> i32 {
+/// many did, and the keys whose next delivery another transaction holds (an operator's
+/// redelivery not yet committed), left as they are rather than waited for: release them again
+/// later ([`release_endpoint_keys`]).
+pub fn release_delivery_keys(
+    spi: &mut Spi,
+    schema: pg_sys::Oid,
+    endpoints: Option<pg_sys::Datum>,
+    keys: Option<pg_sys::Datum>,
+) -> (i32, EndpointKeys) {
     if endpoints.is_none() || keys.is_none() {
-        return 0;
+        return (0, Vec::new());
     }
-    spi.execute_seeing_latest_commits(&RELEASE_DELIVERIES, schema, &[endpoints, keys]).get::<i32>(0, 1).unwrap_or(0)
+    let rows = spi.execute_seeing_latest_commits(&RELEASE_DELIVERIES, schema, &[endpoints, keys]);
+    let held_endpoints = rows.get::<Vec<i64>>(0, 2).unwrap_or_default();
+    let held = held_endpoints.into_iter().zip(rows.get_text_array(0, 3)).collect();
+    (rows.get::<i32>(0, 1).unwrap_or(0), held)
+}
+
+/// [`release_delivery_keys`] of keys held back before.
+pub fn release_endpoint_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: EndpointKeys) -> (i32, EndpointKeys) {
+    if keys.is_empty() {
+        return (0, keys);
+    }
+    let (endpoints, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
+    release_delivery_keys(spi, schema, endpoints.into_datum(), keys.into_datum())
 }
 
 // outbox_release_delivery_keys(subscriptions bigint[], keys text[]) RETURNS integer: the same
-// for SQL callers (outbox_requeue_dead, outbox_redeliver).
+// for SQL callers (outbox_requeue_dead, outbox_redeliver), who wait for the deliveries another
+// transaction holds: no worker would come back to them.
 sql_function!(outbox_release_delivery_keys_c, pg_finfo_outbox_release_delivery_keys_c, |args| {
     let schema = schema_of_function(args.fcinfo());
     let mut spi = Spi::connect();
-    let released = release_delivery_keys(&mut spi, schema, args.datum(0), args.datum(1));
+    let (mut released, mut held) = release_delivery_keys(&mut spi, schema, args.datum(0), args.datum(1));
+    while !held.is_empty() {
+        let (endpoints, keys): (Vec<i64>, Vec<String>) = held.iter().cloned().unzip();
+        spi.execute(&LOCK_QUEUED_DELIVERIES, schema, &[endpoints.into_datum(), keys.into_datum()]);
+        let (more, still_held) = release_endpoint_keys(&mut spi, schema, held);
+        released += more;
+        held = still_held;
+    }
     spi.finish();
     released.into_datum().unwrap()
 });

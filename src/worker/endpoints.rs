@@ -232,6 +232,9 @@ pub struct Endpoints {
     /// Messages whose deliveries have all ended, left unsettled because an operator's open
     /// transaction held them (record.rs, settle_messages): settled by a later step.
     pub settling_held: super::held_back::HeldBack<i64>,
+    /// Ordering keys at endpoints whose next delivery an operator's open transaction held when
+    /// the one before it ended (record.rs, end_deliveries): handed on by a later step.
+    pub releasing_held: super::held_back::HeldBack<(i64, String)>,
     /// The circuits' changes the subscriptions do not show yet (breaker.rs).
     pub breaker_unwritten: super::breaker::Unwritten,
     /// A claim left due deliveries behind because their payloads did not fit the worker's

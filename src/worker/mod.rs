@@ -124,6 +124,9 @@ struct Worker {
     /// The messages a step settles again (an operator's transaction held them before): held
     /// again if the step fails.
     settling_again: Vec<i64>,
+    /// The ordering keys a step hands on again at their endpoints (an operator's transaction
+    /// held their next delivery before): held again if the step fails.
+    releasing_again: Vec<(i64, String)>,
     housekeeping: Housekeeping,
     /// Subscriptions and due times are read again after this.
     next_refresh: Instant,
@@ -175,6 +178,7 @@ impl Worker {
             handing_back: Vec::new(),
             held_hand_backs: HeldBack::default(),
             settling_again: Vec::new(),
+            releasing_again: Vec::new(),
             housekeeping: Housekeeping::default(),
             next_refresh: Instant::now(),
             retry_wait: FIRST_RETRY_WAIT,
@@ -206,7 +210,8 @@ impl Worker {
             }
         };
         pgrx::log!("outbox_ext: delivery worker started for database \"{database}\"");
-        match session::transaction(|| crate::spi::version_matches().then(|| claim::release_predecessors_leases(schema))) {
+        let releasing_held = &mut self.endpoints.releasing_held;
+        match session::transaction(|| crate::spi::version_matches().then(|| claim::take_over_from_predecessor(schema, releasing_held))) {
             Ok(Some(released)) if released > 0 => {
                 pgrx::log!("outbox_ext: {released} delivery(ies) in flight when the last worker stopped are due again")
             }
@@ -281,6 +286,7 @@ impl Worker {
                     }
                     self.held_hand_backs.hold(held, Instant::now());
                     self.settling_again.clear();
+                    self.releasing_again.clear();
                     self.endpoints.answers_recorded();
                     self.report(&recorded);
                     for queued in claimed {
@@ -298,6 +304,7 @@ impl Worker {
                 Err(failure) => {
                     pgrx::warning!("outbox_ext: a delivery step failed, trying again in {:?}: {failure}", self.retry_wait);
                     self.endpoints.settling_held.hold(std::mem::take(&mut self.settling_again), Instant::now());
+                    self.endpoints.releasing_held.hold(std::mem::take(&mut self.releasing_again), Instant::now());
                     // While draining, answers still wait to be recorded: try at least once a second.
                     let wait = if self.draining { self.retry_wait.min(Duration::from_secs(1)) } else { self.retry_wait };
                     self.retry_at = Some(Instant::now() + wait);
@@ -369,6 +376,7 @@ impl Worker {
         self.bring_back_held(None);
         self.handing_back.extend(self.endpoints.take_unsendable(true));
         self.settling_again.extend(self.endpoints.settling_held.take_all());
+        self.releasing_again.extend(self.endpoints.releasing_held.take_all());
         if self.nothing_left_to_write() {
             return;
         }
@@ -395,7 +403,7 @@ impl Worker {
     }
 
     /// Whether nothing the worker holds is still to be written: answers (held back or not),
-    /// hand-backs, messages to settle, the breaker's changes.
+    /// hand-backs, messages to settle, keys to hand on, the breaker's changes.
     fn nothing_left_to_write(&self) -> bool {
         self.finished.is_empty()
             && self.held_answers.is_empty()
@@ -403,6 +411,8 @@ impl Worker {
             && self.held_hand_backs.is_empty()
             && self.settling_again.is_empty()
             && self.endpoints.settling_held.is_empty()
+            && self.releasing_again.is_empty()
+            && self.endpoints.releasing_held.is_empty()
             && self.endpoints.breaker_unwritten.is_empty()
     }
 
@@ -420,6 +430,8 @@ impl Worker {
         let recorded = record::record(&mut spi, schema, &self.finished, &policy, &mut self.endpoints);
         self.settling_again.extend(self.endpoints.settling_held.take_due(Instant::now()));
         record::settle_messages(&mut spi, schema, self.settling_again.clone(), &mut self.endpoints.settling_held);
+        self.releasing_again.extend(self.endpoints.releasing_held.take_due(Instant::now()));
+        record::release_held_keys(&mut spi, schema, self.releasing_again.clone(), &mut self.endpoints.releasing_held);
         let breaker_written = breaker::record(&mut spi, schema, &self.finished, &mut self.endpoints, self.settings.endpoint_disable_after);
         let mut claimed = Vec::new();
         if claiming && Instant::now() >= self.next_refresh {
@@ -488,7 +500,8 @@ impl Worker {
         if !claiming || !self.handing_back.is_empty() || self.messages_may_be_ready || Instant::now() >= self.next_refresh {
             return true;
         }
-        let retries = [self.endpoints.settling_held.until(), self.endpoints.breaker_unwritten.retry_at()];
+        let retries =
+            [self.endpoints.settling_held.until(), self.endpoints.releasing_held.until(), self.endpoints.breaker_unwritten.retry_at()];
         if retries.into_iter().flatten().any(|at| Instant::now() >= at) {
             return true;
         }
@@ -596,6 +609,7 @@ impl Worker {
             self.held_answers.until(),
             self.held_hand_backs.until(),
             self.endpoints.settling_held.until(),
+            self.endpoints.releasing_held.until(),
             self.endpoints.breaker_unwritten.retry_at(),
         ];
         for until in holds.into_iter().flatten() {

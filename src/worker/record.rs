@@ -119,6 +119,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
             schema,
             &DELIVERED,
             &[delivered.message_ids.into_datum(), delivered.subscription_ids.into_datum(), delivered.attempts.into_datum()],
+            &mut endpoints.releasing_held,
         );
         recorded.delivered = ended.len();
         recorded.no_longer_held += count - ended.len();
@@ -150,6 +151,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
             schema,
             &DEAD,
             &[dead.message_ids.into_datum(), dead.subscription_ids.into_datum(), dead.attempts.into_datum(), dead_errors.into_datum()],
+            &mut endpoints.releasing_held,
         );
         recorded.failed += ended.len();
         recorded.no_longer_held += count - ended.len();
@@ -163,13 +165,28 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
 
 /// Runs `statement`, which ends deliveries (DONE or DEAD) and returns one row: their messages,
 /// and the endpoints and ordering keys of those with a key. The next delivery of each such key
-/// at its endpoint becomes claimable (src/ordering); returns the messages, whose other
-/// deliveries may all have ended too (settle_messages).
-pub fn end_deliveries(spi: &mut Spi, schema: pg_sys::Oid, statement: &'static Statement, arguments: &[Option<pg_sys::Datum>]) -> Vec<i64> {
+/// at its endpoint becomes claimable (src/ordering), but for those another transaction holds:
+/// their keys go to `held`, for a later step. Returns the messages, whose other deliveries may
+/// all have ended too (settle_messages).
+pub fn end_deliveries(
+    spi: &mut Spi,
+    schema: pg_sys::Oid,
+    statement: &'static Statement,
+    arguments: &[Option<pg_sys::Datum>],
+    held: &mut HeldBack<(i64, String)>,
+) -> Vec<i64> {
     let rows = spi.execute(statement, schema, arguments);
     let (messages, endpoints_with_keys, keys) = (rows.get::<Vec<i64>>(0, 1).unwrap_or_default(), rows.datum(0, 2), rows.datum(0, 3));
-    ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
+    let (_, held_now) = ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
+    held.hold(held_now, Instant::now());
     messages
+}
+
+/// Hands on `keys` (as (endpoint, key)) held back by an earlier step; those another transaction
+/// still holds go back to `held`.
+pub fn release_held_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Vec<(i64, String)>, held: &mut HeldBack<(i64, String)>) {
+    let (_, held_now) = ordering::release_endpoint_keys(spi, schema, keys);
+    held.hold(held_now, Instant::now());
 }
 
 /// The answers among `finished` whose deliveries another transaction holds (an operator's

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from conftest import configure_worker, connect
-from support import ServerLog, eventually
+from support import ServerLog, eventually, worker_pid
 
 
 def enqueue(conn, topic, n, key=None, delay="0"):
@@ -335,6 +335,97 @@ def test_a_redelivery_not_yet_committed_holds_back_no_other_topic_and_keeps_the_
     keyed.wait_for(3, timeout=10)
     assert [json.loads(r["body"])["n"] for r in keyed.requests] == [1, 1, 2], "the replay before the newer message"
     assert "delivery step failed" not in log.since()
+
+
+def redelivering_the_queued_message_while_the_head_is_in_flight(db, keyed):
+    """Two messages of one key for `keyed`'s endpoint: the first in flight (its answer comes
+    back in 1 s), the second queued behind it at the endpoint. Returns the open operator
+    connection whose redelivery of the second holds its delivery, and the endpoint's id."""
+    keyed.answer(200, delay=1.0)
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', %s)", (keyed.url,)).fetchone()[0]
+    enqueue(db, "booking.created", 1, "booking:42")
+    second = enqueue(db, "booking.created", 2, "booking:42")
+    keyed.wait_for(1, timeout=10, started=True)
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_delivery WHERE message_id = %s", (second,)).fetchone()[0] == 1,
+               what="the second message's delivery, queued behind the first")
+    operator = connect()
+    operator.execute("SELECT outbox_redeliver(%s, message_ids => ARRAY[%s]::bigint[])", (subscription, second))  # not committed yet
+    return operator, subscription
+
+
+def test_a_redelivery_not_yet_committed_holds_back_no_other_endpoint_when_the_keys_head_ends(fast_worker, receivers):
+    """When a keyed delivery ends, the next one of its key at that endpoint becomes the head.
+    An operator's redelivery of that next one, not yet committed, made the worker's whole step
+    wait for it, every endpoint with it (stop 47's list of waits left). The worker leaves the
+    key for later now, and hands it on once the redelivery commits."""
+    db = fast_worker
+    keyed, other = receivers(), receivers()
+    db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+    log = ServerLog()
+    operator, _ = redelivering_the_queued_message_while_the_head_is_in_flight(db, keyed)
+    with operator:
+        keyed.wait_for(1, timeout=5)  # the head's answer: the worker ends it, and the key waits
+        time.sleep(0.3)
+        enqueue(db, "other.topic", 3)
+        other.wait_for(1, timeout=3)
+        operator.commit()
+    keyed.wait_for(2, timeout=5)
+    assert [json.loads(r["body"])["n"] for r in keyed.requests] == [1, 2]
+    assert "delivery step failed" not in log.since()
+
+
+def test_a_key_left_for_a_redelivery_is_handed_on_by_the_next_worker(fast_worker, receivers):
+    """The worker leaves a key whose next delivery an open redelivery holds, to hand it on
+    later. A worker that stops meanwhile forgets that: the next one, starting, hands on every
+    key left with queued deliveries and none claimable at an endpoint."""
+    db = fast_worker
+    keyed = receivers()
+    operator, subscription = redelivering_the_queued_message_while_the_head_is_in_flight(db, keyed)
+    with operator:
+        keyed.wait_for(1, timeout=5)
+        time.sleep(0.5)  # the head ended, and its key waits for the redelivery
+        pid = worker_pid(db.info.dbname)
+        db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        eventually(lambda: worker_pid(db.info.dbname) not in (None, pid), timeout=15, what="a new worker")
+        time.sleep(0.3)  # started
+        operator.commit()
+    keyed.wait_for(2, timeout=5)
+    assert [json.loads(r["body"])["n"] for r in keyed.requests] == [1, 2]
+
+
+def test_an_operators_function_waits_for_the_next_delivery_another_transaction_holds(db):
+    """The worker leaves a key whose next delivery at an endpoint another transaction holds,
+    and comes back to it. An operator's function that hands keys on (outbox_redeliver,
+    outbox_requeue_dead, through outbox_release_delivery_keys) has no one to come back: it
+    waits for that transaction, then hands the key on."""
+    # (Once the worker has started: a worker starting hands on such keys itself.)
+    eventually(lambda: db.execute("SELECT bool_or(last_poll_at IS NOT NULL) FROM outbox_worker_status()").fetchone()[0],
+               what="the worker started")
+    endpoint = db.execute("SELECT outbox_subscribe('parked.topic', 'http://127.0.0.1:9/hooks')").fetchone()[0]
+    db.execute("SELECT outbox_disable_subscription(%s)", (endpoint,))  # nothing is sent to it
+    ended, queued = (enqueue(db, "unsubscribed.topic", n, "booking:42") for n in (1, 2))
+    db.execute(
+        "INSERT INTO outbox_delivery (message_id, subscription_id, ordering_key, status, processed_at, waiting_for)"
+        " VALUES (%s, %s, 'booking:42', 'DONE', now(), NULL), (%s, %s, 'booking:42', 'PENDING', NULL, 'ordering_key')",
+        (ended, endpoint, queued, endpoint),
+    )
+    released = []
+    with connect() as holder:
+        holder.execute("SELECT FROM outbox_delivery WHERE message_id = %s FOR UPDATE", (queued,))
+
+        def release():
+            with connect() as operator:
+                released.append(operator.execute("SELECT outbox_release_delivery_keys(ARRAY[%s]::bigint[], ARRAY['booking:42'])",
+                                                 (endpoint,)).fetchone()[0])
+
+        thread = threading.Thread(target=release)
+        thread.start()
+        time.sleep(0.5)
+        assert released == [], "it waits for the transaction holding the delivery"
+        holder.commit()
+    thread.join(timeout=10)
+    assert released == [1]
+    assert db.execute("SELECT waiting_for FROM outbox_delivery WHERE message_id = %s", (queued,)).fetchone()[0] is None
 
 
 def test_a_key_producers_keep_holding_is_handed_on_all_the_same(fast_worker, receivers):
