@@ -54,7 +54,11 @@ unsafe fn databases_to_pause(statement: *mut pg_sys::Node) -> Vec<pg_sys::Oid> {
             }
             pg_sys::NodeTag::T_CreatedbStmt => {
                 let create = statement as *mut pg_sys::CreatedbStmt;
-                option(&(*create).options, "template").map(|t| pg_sys::defGetString(t)).into_iter().map(|s| s.cast_const()).collect()
+                // TEMPLATE DEFAULT names none: template1, as without the option (a template has no worker).
+                match option(&(*create).options, "template") {
+                    Some(element) if !(*element).arg.is_null() => vec![pg_sys::defGetString(element).cast_const()],
+                    _ => vec![],
+                }
             }
             pg_sys::NodeTag::T_DropStmt if drops_this_extension(statement as *mut pg_sys::DropStmt) => {
                 let extension = pg_sys::get_extension_oid(c"outbox_ext".as_ptr(), true);

@@ -117,6 +117,15 @@ def test_a_role_that_may_not_drop_or_copy_a_database_does_not_stop_its_worker(cl
         admin.execute("DROP ROLE nobody")
 
 
+def test_create_database_takes_the_default_template(cluster):
+    """CREATE DATABASE … TEMPLATE DEFAULT (template1) failed for every role once the library
+    was preloaded: the hook that stops a template's worker read the option's missing name
+    ("template requires a parameter", stop 48's security review)."""
+    with cluster.connect() as admin:
+        admin.execute("CREATE DATABASE from_default TEMPLATE DEFAULT")
+        admin.execute("DROP DATABASE from_default")
+
+
 def test_a_database_closed_to_public_keeps_its_worker(cluster, receiver):
     """REVOKE CONNECT … FROM PUBLIC, a common hardening step, locked the worker out: FATAL at
     every try, and nothing delivered (stop 41's probe)."""
