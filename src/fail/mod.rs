@@ -24,14 +24,14 @@ sql_function!(outbox_fail_c, pg_finfo_outbox_fail_c, |args| {
     if args.is_null(1) {
         raise(OutboxError::null(FUNCTION, "error").with_hint("Say what went wrong."));
     }
-    // Judged as a delay is (by where it takes the clock), then waited as a duration.
+    // Judged and waited as a delay is: by where it takes the clock.
     let retry_in = args.interval(3).map(|wait| {
         or_raise(interval::validate_reach(FUNCTION, "retry_in", &wait));
         if interval::moves_clock(&wait) == Ordering::Less {
             let shown = interval::shown(&wait);
             raise(OutboxError::invalid(FUNCTION, "retry_in", format!("must not be negative, got {shown}")))
         }
-        interval::to_duration(&wait).unwrap_or_default()
+        interval::clock_move(&wait)
     });
 
     let schema = schema_of_function(args.fcinfo());

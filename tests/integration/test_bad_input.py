@@ -167,6 +167,19 @@ def test_an_overlap_that_moves_the_clock_ahead_keeps_the_old_secret(db):
     assert kept == old and until.days >= 3
 
 
+@pytest.mark.parametrize("retry_in", ["1 year -362 days", "1 month", "1 year"])
+def test_a_retry_in_moves_the_clock_as_a_delay_does(db, retry_in):
+    """retry_in is judged by where it takes the clock, as a delay is, but was then waited as a
+    duration with 30-day months: '1 year -362 days' (three days ahead on the calendar) was
+    retried at once, '1 month' after 30 days (stop 48's review of bad input)."""
+    db.execute("SELECT outbox_enqueue('booking.created', '{}')")
+    (message,) = db.execute("SELECT id FROM outbox_claim(1, lease => NULL)").fetchone()
+    assert db.execute("SELECT outbox_fail(%s, 'boom', NULL, %s::interval)", (message, retry_in)).fetchone()[0] == "PENDING"
+    off_by = db.execute("SELECT available_at - (clock_timestamp() + %s::interval) FROM outbox WHERE id = %s",
+                        (retry_in, message)).fetchone()[0]
+    assert abs(off_by.total_seconds()) < 60, off_by
+
+
 def test_intervals_reach_ten_thousand_years_and_no_further(db):
     """Every interval the clock is moved by (delay, lease, retry_in, older_than, overlap) is
     finite and at most 10,000 years. Beyond, PostgreSQL's arithmetic overflowed with 22008
