@@ -1,10 +1,13 @@
 //! The SSRF guard: which addresses the worker may connect to. A server inside a private network
 //! must not become a proxy to its neighbours, so by default the worker refuses loopback,
 //! private, link-local (cloud metadata services live there), unspecified, multicast and
-//! broadcast addresses; `outbox.allowed_networks` opens chosen ranges. The check is made on the
+//! broadcast addresses, the other special-purpose ranges that are not reachable on the
+//! internet, and the host's own addresses (interfaces.rs); `outbox.allowed_networks` opens
+//! chosen ranges. The check is made on the
 //! *resolved* address the connection then uses (resolver.rs), so a host name that resolves to
 //! a refused address (DNS rebinding included) is refused too.
 
+use super::interfaces;
 use crate::error::Problem;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -81,7 +84,8 @@ pub fn check(address: IpAddr, allowed: &[Network]) -> Result<(), Refused> {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
         v4 => v4,
     };
-    if !refused_by_default(address) || allowed.iter().any(|network| network.contains(address)) {
+    let refused = refused_by_default(address) || interfaces::is_this_hosts(address);
+    if !refused || allowed.iter().any(|network| network.contains(address)) {
         Ok(())
     } else {
         Err(Refused(address))
@@ -96,14 +100,24 @@ fn refused_by_default(address: IpAddr) -> bool {
 }
 
 fn refused_v4(address: Ipv4Addr) -> bool {
+    let [a, b, c, _] = address.octets();
     address.is_loopback()             // 127.0.0.0/8
         || address.is_private()       // 10/8, 172.16/12, 192.168/16 (RFC 1918)
         || address.is_link_local()    // 169.254/16: cloud metadata services
         || address.is_unspecified()
-        || address.octets()[0] == 0   // 0.0.0.0/8, "this network": reaches the host itself
+        || a == 0                     // 0.0.0.0/8, "this network": reaches the host itself
         || address.is_multicast()
-        || address.is_broadcast()
-        || (address.octets()[0] == 100 && address.octets()[1] & 0xc0 == 64) // 100.64/10, carrier NAT
+        || a >= 240                   // 240/4, reserved, and the broadcast address
+        || (a == 100 && b & 0xc0 == 64) // 100.64/10, carrier NAT
+        // Special-purpose ranges no one reaches on the internet (IANA's registry), which a
+        // private network may use as its own: protocol assignments (192.0.0/24), the
+        // documentation networks, benchmarking (198.18/15), the old 6to4 relay (192.88.99/24).
+        || (a, b, c) == (192, 0, 0)
+        || (a, b, c) == (192, 0, 2)
+        || (a, b, c) == (198, 51, 100)
+        || (a, b, c) == (203, 0, 113)
+        || (a == 198 && b & 0xfe == 18)
+        || (a, b, c) == (192, 88, 99)
 }
 
 fn refused_v6(address: Ipv6Addr) -> bool {
@@ -113,6 +127,14 @@ fn refused_v6(address: Ipv6Addr) -> bool {
         || address.is_multicast()
         || first & 0xfe00 == 0xfc00   // fc00::/7, unique local (the private ranges of IPv6)
         || first & 0xffc0 == 0xfe80   // fe80::/10, link-local
+        || first & 0xffc0 == 0xfec0   // fec0::/10, the old site-local (private) range
+        // Special-purpose ranges no one reaches on the internet: discard-only (100::/64), Teredo
+        // (2001::/32), benchmarking (2001:2::/48), documentation (2001:db8::/32, 3fff::/20).
+        || address.segments()[..4] == [0x100, 0, 0, 0]
+        || address.segments()[..2] == [0x2001, 0]
+        || address.segments()[..3] == [0x2001, 2, 0]
+        || address.segments()[..2] == [0x2001, 0xdb8]
+        || first == 0x3fff && address.segments()[1] < 0x1000
         // Local-use NAT64 (64:ff9b:1::/48): translated to whatever the site's NAT64 maps it to.
         || address.segments()[..3] == [0x64, 0xff9b, 1]
         // NAT64 (64:ff9b::/96) and IPv4-compatible addresses carry an IPv4 address: judge that one.
@@ -136,8 +158,19 @@ mod tests {
 
     #[test]
     fn public_addresses_are_allowed() {
-        for address in ["93.184.216.34", "8.8.8.8", "2606:2800:220:1:248:1893:25c8:1946", "172.32.0.1", "100.128.0.1", "2002:5db8:d822::1"]
-        {
+        for address in [
+            "93.184.216.34",
+            "8.8.8.8",
+            "2606:2800:220:1:248:1893:25c8:1946",
+            "172.32.0.1",
+            "100.128.0.1",
+            "2002:5db8:d822::1",
+            "192.0.3.1",
+            "198.20.0.1",
+            "2001:4860:4860::8888",
+            "4000::1",
+            "3fff:1000::1",
+        ] {
             assert_eq!(verdict(address, ""), Ok(()), "{address}");
         }
     }
@@ -170,11 +203,37 @@ mod tests {
             "2002:7f00:1::1",
             "2002:a9fe:a9fe::",
             "::7f00:1",
+            // Special-purpose ranges.
+            "192.0.0.8",
+            "192.0.2.2",
+            "198.51.100.7",
+            "203.0.113.9",
+            "198.18.0.1",
+            "198.19.255.255",
+            "240.0.0.1",
+            "192.88.99.1",
+            "fec0::1",
+            "100::1",
+            "2001::1",
+            "2001:2::1",
+            "2001:db8::1",
+            "3fff:0fff::1",
         ] {
             assert!(verdict(address, "").is_err(), "{address}");
         }
         assert_eq!(verdict("169.254.169.254", ""), Err("destination 169.254.169.254 is not allowed (outbox.allowed_networks)".into()));
         assert_eq!(verdict("::ffff:10.0.0.1", ""), Err("destination 10.0.0.1 is not allowed (outbox.allowed_networks)".into()));
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_refused_whatever_their_range() {
+        // (stop 48's security review reached a service on 0.0.0.0 through the host's own
+        // 192.0.2.2, which the ranges did not refuse then.)
+        let own = interfaces::interface_addresses();
+        assert!(own.iter().any(|address| address.is_loopback()), "the interfaces were read: {own:?}");
+        for address in own {
+            assert!(verdict(&address.to_string(), "").is_err(), "{address}");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 mod deadline;
 pub mod destination;
+mod interfaces;
 mod resolver;
 
 pub use resolver::AllowedNetworks;
