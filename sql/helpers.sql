@@ -54,7 +54,7 @@ CREATE OR REPLACE FUNCTION outbox_max_attempts() RETURNS integer
 LANGUAGE c STABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_max_attempts_wrapper';
 
--- A new Standard Webhooks signing secret (whsec_…), from the operating system's cryptographic
+-- A new Standard Webhooks signing secret (whsec_...), from the operating system's cryptographic
 -- random source.
 CREATE OR REPLACE FUNCTION outbox_generate_secret() RETURNS text
 LANGUAGE c VOLATILE PARALLEL SAFE

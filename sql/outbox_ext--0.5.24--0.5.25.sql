@@ -125,7 +125,7 @@ CREATE OR REPLACE FUNCTION outbox_max_attempts() RETURNS integer
 LANGUAGE c STABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_max_attempts_wrapper';
 
--- A new Standard Webhooks signing secret (whsec_…), from the operating system's cryptographic
+-- A new Standard Webhooks signing secret (whsec_...), from the operating system's cryptographic
 -- random source.
 CREATE OR REPLACE FUNCTION outbox_generate_secret() RETURNS text
 LANGUAGE c VOLATILE PARALLEL SAFE
@@ -274,7 +274,7 @@ BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_subscribe'::text, 'topic'::text, outbox_subscribe.topic::text);
     PERFORM @extschema@.outbox_check_subscription(outbox_subscribe.url::text, outbox_subscribe.secret::text, outbox_subscribe.headers::jsonb);
     PERFORM @extschema@.outbox_check_destination(outbox_subscribe.url::text);
-    -- The worker waits EXTRACT(epoch …) seconds (a year as 365.25 days); intervals compare with
+    -- The worker waits EXTRACT(epoch ...) seconds (a year as 365.25 days); intervals compare with
     -- a year as 360 days: '1 year -360 days 5 seconds' must pass both ways (it is 5 days).
     IF outbox_subscribe.timeout IS NOT NULL
        AND (outbox_subscribe.timeout NOT BETWEEN interval '100 milliseconds' AND interval '10 minutes'
@@ -314,7 +314,7 @@ END
 $$;
 
 COMMENT ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean, double precision, integer) IS
-'Sends the topic''s messages to url (http or https), signed with secret (whsec_… form; see outbox_generate_secret()) when given, with extra headers, a per-endpoint timeout, and at most rate_limit requests per second and max_in_flight at once (NULL: no limit). enabled false parks its deliveries until outbox_enable_subscription. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
+'Sends the topic''s messages to url (http or https), signed with secret (whsec_... form; see outbox_generate_secret()) when given, with extra headers, a per-endpoint timeout, and at most rate_limit requests per second and max_in_flight at once (NULL: no limit). enabled false parks its deliveries until outbox_enable_subscription. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
 
 -- The subscription with this id, locked, or an error naming the function (22004, 22023). Locked
 -- FOR NO KEY UPDATE, as the updates that follow lock it: the worker's new deliveries of it (their
@@ -773,9 +773,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT s.id, s.topic::text,
            -- Many URLs carry a credential in their path or query: only the roles that may read
-           -- the subscriptions see them whole; monitoring sees where the endpoint is.
+           -- the subscriptions see them whole; monitoring sees where the endpoint is. (The cut
+           -- shows U+2026 in a UTF-8 database, written as its bytes: PostgreSQL reads this
+           -- script in the database's encoding, so it stays ASCII.)
            CASE WHEN pg_catalog.pg_has_role(session_user, 'outbox_admin', 'USAGE') THEN s.url
-                ELSE pg_catalog.regexp_replace(s.url, '^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)[/?#].+$', '\1/…')
+                ELSE pg_catalog.regexp_replace(s.url, '^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)[/?#].+$', '\1/' || (CASE WHEN pg_catalog.getdatabaseencoding() = 'UTF8' THEN pg_catalog.convert_from('\xe280a6'::bytea, 'UTF8') ELSE '...' END))
            END,
            s.enabled,
            COALESCE(p.pending, 0), COALESCE(p.ready, 0), COALESCE(p.in_flight, 0), COALESCE(p.retrying, 0),
@@ -792,7 +794,7 @@ AS $$
            -- The worker's reason quotes the start of the endpoint's answer, which often repeats
            -- the request (its URL, its headers): for monitoring, the status alone.
            CASE WHEN pg_catalog.pg_has_role(session_user, 'outbox_admin', 'USAGE') THEN s.disabled_reason
-                ELSE pg_catalog.regexp_replace(s.disabled_reason, '(; last error: HTTP [0-9]+): .*$', '\1: …')
+                ELSE pg_catalog.regexp_replace(s.disabled_reason, '(; last error: HTTP [0-9]+): .*$', '\1: ' || (CASE WHEN pg_catalog.getdatabaseencoding() = 'UTF8' THEN pg_catalog.convert_from('\xe280a6'::bytea, 'UTF8') ELSE '...' END))
            END
       FROM @extschema@.outbox_subscription s
       LEFT JOIN LATERAL (
@@ -1732,7 +1734,7 @@ GRANT SELECT ON outbox_monitoring TO pg_monitor;
 -- purges old history through outbox_purge; it releases ordering keys through the functions
 -- that hold that rule. Nothing else: no API function, no sequence.
 GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
--- ... and connects: a database hardened with REVOKE CONNECT … FROM PUBLIC, before or after the
+-- ... and connects: a database hardened with REVOKE CONNECT ... FROM PUBLIC, before or after the
 -- install, would lock it out (FATAL at every try).
 DO $$
 BEGIN
@@ -1758,7 +1760,7 @@ SELECT @extschema@.outbox_wake_worker_at_commit();
 -- The users' grants saved at the start of this script, granted again where they are gone: on
 -- objects dropped and created anew (objects that no longer exist are skipped). A grant still
 -- there is left as it is, with its grantor: granted again by whoever runs the update, it would
--- outlive a REVOKE … CASCADE from the role that granted it.
+-- outlive a REVOKE ... CASCADE from the role that granted it.
 DO $keep_grants$
 DECLARE
     saved pg_catalog.jsonb;

@@ -192,7 +192,7 @@ GRANT SELECT ON outbox_monitoring TO pg_monitor;
 -- purges old history through outbox_purge; it releases ordering keys through the functions
 -- that hold that rule. Nothing else: no API function, no sequence.
 GRANT USAGE ON SCHEMA @extschema@ TO outbox_worker;
--- ... and connects: a database hardened with REVOKE CONNECT … FROM PUBLIC, before or after the
+-- ... and connects: a database hardened with REVOKE CONNECT ... FROM PUBLIC, before or after the
 -- install, would lock it out (FATAL at every try).
 DO $$
 BEGIN

@@ -44,7 +44,7 @@ CREATE TABLE outbox (
     ordering_key text,
     waiting_for  outbox_wait,
     -- String-valued headers the producer gave the message: consumers see them, the delivery
-    -- worker sends them with every attempt (W3C traceparent, a tenant id, …).
+    -- worker sends them with every attempt (W3C traceparent, a tenant id, ...).
     headers      jsonb,
     CONSTRAINT outbox_public_id_key UNIQUE (public_id)
 );
@@ -64,7 +64,7 @@ COMMENT ON TABLE outbox IS 'Work owed by committed transactions: PENDING until a
 CREATE INDEX outbox_ready_idx ON outbox (available_at, id)
     WHERE status OPERATOR(pg_catalog.=) 'PENDING'::outbox_status AND waiting_for IS NULL;
 
--- "Enqueue once per key and topic": the arbiter of INSERT … ON CONFLICT in outbox_enqueue.
+-- "Enqueue once per key and topic": the arbiter of INSERT ... ON CONFLICT in outbox_enqueue.
 CREATE UNIQUE INDEX outbox_dedupe_key_idx ON outbox (topic, dedupe_key) WHERE dedupe_key IS NOT NULL;
 
 -- Finished rows by status and time: dead letters, the last minute's completions and the purge
@@ -316,8 +316,8 @@ SELECT a.message_id, a.subscription_id, s.url, a.attempt, a.started_at, a.durati
 -- deliveries, out of outbox into outbox_history_N, N the day it was processed
 -- (outbox_attempt_log_slot: the attempt log's rule, one place for both); outbox_purge empties a
 -- whole day with TRUNCATE. The history tables INHERIT outbox (and outbox_delivery), so that
--- outbox stays the essay's one table for its readers: SELECT … FROM outbox sees every message
--- in every state (FOR UPDATE works on it, as on any table); SELECT … FROM ONLY outbox, what the
+-- outbox stays the essay's one table for its readers: SELECT ... FROM outbox sees every message
+-- in every state (FOR UPDATE works on it, as on any table); SELECT ... FROM ONLY outbox, what the
 -- extension's own statements read, sees the hot part: pending work, dead letters (kept until an
 -- operator acts on them), DONE messages not yet moved, and those with a dedupe_key (which stay
 -- until purged: the key's unique index is outbox's own).
@@ -434,7 +434,7 @@ CREATE EVENT TRIGGER outbox_keep_schema_name ON ddl_command_end
 
 -- ======== new in 0.5.18 ========
 
--- An endpoint's timeout is sent as seconds (EXTRACT(epoch …): a year as 365.25 days) but was
+-- An endpoint's timeout is sent as seconds (EXTRACT(epoch ...): a year as 365.25 days) but was
 -- checked as an interval (a year as 360 days): '-1 year 360 days 5 seconds' passed as 5 seconds
 -- and the worker waited no time at all. Both readings must be within bounds; a timeout stored
 -- before that is brought within them, as the worker bounded it.

@@ -24,7 +24,7 @@ BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_subscribe'::text, 'topic'::text, outbox_subscribe.topic::text);
     PERFORM @extschema@.outbox_check_subscription(outbox_subscribe.url::text, outbox_subscribe.secret::text, outbox_subscribe.headers::jsonb);
     PERFORM @extschema@.outbox_check_destination(outbox_subscribe.url::text);
-    -- The worker waits EXTRACT(epoch …) seconds (a year as 365.25 days); intervals compare with
+    -- The worker waits EXTRACT(epoch ...) seconds (a year as 365.25 days); intervals compare with
     -- a year as 360 days: '1 year -360 days 5 seconds' must pass both ways (it is 5 days).
     IF outbox_subscribe.timeout IS NOT NULL
        AND (outbox_subscribe.timeout NOT BETWEEN interval '100 milliseconds' AND interval '10 minutes'
@@ -64,7 +64,7 @@ END
 $$;
 
 COMMENT ON FUNCTION outbox_subscribe(text, text, text, jsonb, interval, boolean, double precision, integer) IS
-'Sends the topic''s messages to url (http or https), signed with secret (whsec_… form; see outbox_generate_secret()) when given, with extra headers, a per-endpoint timeout, and at most rate_limit requests per second and max_in_flight at once (NULL: no limit). enabled false parks its deliveries until outbox_enable_subscription. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
+'Sends the topic''s messages to url (http or https), signed with secret (whsec_... form; see outbox_generate_secret()) when given, with extra headers, a per-endpoint timeout, and at most rate_limit requests per second and max_in_flight at once (NULL: no limit). enabled false parks its deliveries until outbox_enable_subscription. Re-subscribing the same (topic, url) updates it. Returns the subscription id.';
 
 -- The subscription with this id, locked, or an error naming the function (22004, 22023). Locked
 -- FOR NO KEY UPDATE, as the updates that follow lock it: the worker's new deliveries of it (their

@@ -1,7 +1,7 @@
 -- The users' grants saved at the start of this script, granted again where they are gone: on
 -- objects dropped and created anew (objects that no longer exist are skipped). A grant still
 -- there is left as it is, with its grantor: granted again by whoever runs the update, it would
--- outlive a REVOKE … CASCADE from the role that granted it.
+-- outlive a REVOKE ... CASCADE from the role that granted it.
 DO $keep_grants$
 DECLARE
     saved pg_catalog.jsonb;

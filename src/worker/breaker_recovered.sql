@@ -1,5 +1,5 @@
 -- Endpoints $1 answered: they are no longer failing. An endpoint an operator's open transaction
--- is changing (outbox_rotate_secret, …) is skipped rather than waited for, which would hold
+-- is changing (outbox_rotate_secret, ...) is skipped rather than waited for, which would hold
 -- back the whole step, every endpoint's: the worker tries again at its next step. Returns the
 -- endpoints it could write.
 WITH free AS MATERIALIZED (

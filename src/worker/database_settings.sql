@@ -1,4 +1,4 @@
--- The outbox.* settings that ALTER DATABASE … SET and ALTER ROLE … SET give the worker's session,
+-- The outbox.* settings that ALTER DATABASE ... SET and ALTER ROLE ... SET give the worker's session,
 -- applied again for the session (set_config), from the least specific to the most: for every
 -- database and role, for its database, for its role, for its role in its database, so that the
 -- most specific wins, as when a session starts (PostgreSQL's postinit.c, process_settings).

@@ -1,7 +1,7 @@
 -- Leases the locked deliveries of endpoint $1 to messages $2 for one request each: one more
 -- attempt, and due again only when the lease $4 (from the clock $3) runs out. Returns message
 -- id, attempt, public_id, topic, payload (as JSON text; the worker converts it to UTF-8) and
--- the message's headers flattened to [name, value, name, value, …], and when the lease runs out.
+-- the message's headers flattened to [name, value, name, value, ...], and when the lease runs out.
 WITH leased AS (
     UPDATE ONLY @extschema@.outbox_delivery d
        SET attempts = d.attempts OPERATOR(pg_catalog.+) 1,

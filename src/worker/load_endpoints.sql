@@ -1,5 +1,5 @@
 -- The subscriptions (disabled ones too: their topics' messages still get parked deliveries),
--- with extra headers flattened to [name, value, name, value, …], the timeout in milliseconds
+-- with extra headers flattened to [name, value, name, value, ...], the timeout in milliseconds
 -- (NULL: outbox.http_timeout), the protections, and the previous secret while it still signs.
 SELECT s.id, s.topic::pg_catalog.text, s.url, s.secret,
        ARRAY(SELECT pg_catalog.unnest(ARRAY[h.key, h.value]) FROM pg_catalog.jsonb_each_text(s.headers) h),

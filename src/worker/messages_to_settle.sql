@@ -1,5 +1,5 @@
 -- Of messages $1, those whose deliveries have all ended, locked, with how many of their
--- deliveries are DONE and what the dead ones say (endpoint: error, …).
+-- deliveries are DONE and what the dead ones say (endpoint: error, ...).
 SELECT o.id,
        pg_catalog.count(*) FILTER (WHERE d.status OPERATOR(pg_catalog.=) 'DONE'::@extschema@.outbox_status),
        pg_catalog.count(*) FILTER (WHERE d.status OPERATOR(pg_catalog.=) 'DEAD'::@extschema@.outbox_status),

@@ -94,3 +94,33 @@ def test_non_ascii_arguments_get_the_usual_checks(encoded_db):
     message_id = db.execute("SELECT (outbox_enqueue('enc.fail', '{}')).id").fetchone()[0]
     assert db.execute("SELECT outbox_fail(%s, 'Empfänger unbekannt')", (message_id,)).fetchone()[0] == "PENDING"
     assert db.execute("SELECT last_error FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "Empfänger unbekannt"
+
+
+@pytest.mark.parametrize("encoding", ["EUC_JP", "LATIN1"])
+def test_the_extension_installs_and_reads_right_in_any_encoding(database, encoding):
+    """PostgreSQL reads an extension's script in the database's encoding. Ours had '…' (U+2026)
+    in comments, a COMMENT and the monitoring function: CREATE EXTENSION failed in EUC_JP or
+    EUC_KR (22021, invalid byte sequence), and LATIN1 showed monitoring roles 'â\\x80¦' (stop
+    48's review of bad input). The script is ASCII now."""
+    name = "outbox_encoded"
+    recreate_database(name, encoding=encoding)
+    try:
+        with psycopg.connect(dbname=name, autocommit=True) as db:
+            db.execute("SET client_encoding = 'UTF8'")
+            db.execute("CREATE EXTENSION outbox_ext")
+            db.execute("SELECT outbox_subscribe('enc.topic', 'https://hooks.example.test/secret/path')")
+            db.execute("DROP ROLE IF EXISTS encoded_monitor")
+            db.execute("CREATE ROLE encoded_monitor IN ROLE pg_monitor")
+            try:
+                db.execute("SET SESSION AUTHORIZATION encoded_monitor")
+                (url,) = db.execute("SELECT url FROM outbox_endpoint_stats()").fetchone()
+                db.execute("RESET SESSION AUTHORIZATION")
+            finally:
+                db.execute("RESET SESSION AUTHORIZATION")
+                db.execute("DROP ROLE encoded_monitor")
+            assert url == "https://hooks.example.test/..."
+            (comment,) = db.execute("SELECT obj_description('outbox_subscribe'::regproc, 'pg_proc')").fetchone()
+            assert "whsec_... form" in comment
+    finally:
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
