@@ -780,26 +780,47 @@ BEGIN
     -- those with a dedupe_key): row by row, with their deliveries.
     FOREACH finished IN ARRAY CASE WHEN include_dead THEN '{DONE,DEAD}'::@extschema@.outbox_status[] ELSE '{DONE}' END LOOP
         EXIT WHEN purged >= max_rows;
-        WITH gone AS (
-            DELETE FROM ONLY @extschema@.outbox o
-             WHERE o.ctid = ANY (ARRAY(
-                       -- The oldest of those without and with a dedupe_key (an index each).
-                       SELECT e.ctid
-                         FROM ((SELECT d.ctid, d.processed_at FROM ONLY @extschema@.outbox d
-                                 WHERE d.status = finished AND d.status <> 'PENDING'::@extschema@.outbox_status
-                                   AND d.dedupe_key IS NULL AND d.processed_at < cutoff
-                                 ORDER BY d.status, d.processed_at
-                                 LIMIT max_rows - purged)
-                               UNION ALL
-                               (SELECT d.ctid, d.processed_at FROM ONLY @extschema@.outbox d
-                                 WHERE d.status = finished AND d.status <> 'PENDING'::@extschema@.outbox_status
-                                   AND d.dedupe_key IS NOT NULL AND d.processed_at < cutoff
-                                 ORDER BY d.status, d.processed_at
-                                 LIMIT max_rows - purged)) e
-                        ORDER BY e.processed_at
-                        LIMIT max_rows - purged))
-               -- Re-checked on the row actually deleted (a dead letter requeued meanwhile stays).
+        -- What another transaction holds (a redelivery its messages, an unsubscribe their
+        -- deliveries) is left to a later purge rather than waited for (since 0.5.25: the
+        -- worker's purge waited, and its whole loop with it).
+        WITH oldest AS (
+            -- The oldest of those without and with a dedupe_key (an index each).
+            SELECT e.ctid
+              FROM ((SELECT d.ctid, d.processed_at FROM ONLY @extschema@.outbox d
+                      WHERE d.status = finished AND d.status <> 'PENDING'::@extschema@.outbox_status
+                        AND d.dedupe_key IS NULL AND d.processed_at < cutoff
+                      ORDER BY d.status, d.processed_at
+                      LIMIT max_rows - purged)
+                    UNION ALL
+                    (SELECT d.ctid, d.processed_at FROM ONLY @extschema@.outbox d
+                      WHERE d.status = finished AND d.status <> 'PENDING'::@extschema@.outbox_status
+                        AND d.dedupe_key IS NOT NULL AND d.processed_at < cutoff
+                      ORDER BY d.status, d.processed_at
+                      LIMIT max_rows - purged)) e
+             ORDER BY e.processed_at
+             LIMIT max_rows - purged
+        ), chosen AS (
+            -- (Re-checked on the row locked: a dead letter requeued meanwhile stays.)
+            SELECT o.ctid, o.id
+              FROM ONLY @extschema@.outbox o
+             WHERE o.ctid = ANY (ARRAY(SELECT e.ctid FROM oldest e))
                AND o.status = finished AND o.processed_at < cutoff
+               FOR UPDATE SKIP LOCKED
+        ), locked_deliveries AS (
+            SELECT l.message_id, l.subscription_id
+              FROM ONLY @extschema@.outbox_delivery l
+             WHERE l.message_id = ANY (ARRAY(SELECT c.id FROM chosen c))
+               FOR UPDATE SKIP LOCKED
+        ), held AS (
+            SELECT d.message_id
+              FROM ONLY @extschema@.outbox_delivery d
+             WHERE d.message_id = ANY (ARRAY(SELECT c.id FROM chosen c))
+               AND NOT EXISTS (SELECT FROM locked_deliveries l
+                                WHERE l.message_id = d.message_id AND l.subscription_id = d.subscription_id)
+        ), gone AS (
+            DELETE FROM ONLY @extschema@.outbox o
+             WHERE o.ctid = ANY (ARRAY(SELECT c.ctid FROM chosen c
+                                        WHERE NOT EXISTS (SELECT FROM held h WHERE h.message_id = c.id)))
             RETURNING o.id
         ), gone_deliveries AS (
             -- (By the key of outbox_delivery, each message's: see enable_seqscan above.)
@@ -852,12 +873,12 @@ BEGIN
             END IF;
             IF purged < max_rows THEN
                 IF companion IS NULL THEN
-                    EXECUTE format('DELETE FROM %1$s a WHERE a.ctid = ANY (ARRAY(SELECT l.ctid FROM %1$s l WHERE l.%2$I < $1 LIMIT $2))',
+                    EXECUTE format('DELETE FROM %1$s a WHERE a.ctid = ANY (ARRAY(SELECT l.ctid FROM %1$s l WHERE l.%2$I < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))',
                                    day_table, time_column)
                       USING least(cutoff, day_start), max_rows - purged;
                     GET DIAGNOSTICS deleted = ROW_COUNT;
                 ELSE
-                    EXECUTE format('WITH gone AS (DELETE FROM %1$s a WHERE a.ctid = ANY (ARRAY(SELECT l.ctid FROM %1$s l WHERE l.%2$I < $1 LIMIT $2)) RETURNING a.id),
+                    EXECUTE format('WITH gone AS (DELETE FROM %1$s a WHERE a.ctid = ANY (ARRAY(SELECT l.ctid FROM %1$s l WHERE l.%2$I < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)) RETURNING a.id),
                                          gone_deliveries AS (DELETE FROM %3$s d USING gone WHERE d.message_id = gone.id)
                                     SELECT count(*) FROM gone', day_table, time_column, companion)
                       USING least(cutoff, day_start), max_rows - purged INTO deleted;
