@@ -1343,15 +1343,14 @@ BEGIN
              WHERE l.message_id = ANY (ARRAY(SELECT c.id FROM chosen c))
                FOR UPDATE SKIP LOCKED
         ), held AS (
+            -- (NOT IN a subquery: hashed, whatever the plan cached on empty tables expects.)
             SELECT d.message_id
               FROM ONLY @extschema@.outbox_delivery d
              WHERE d.message_id = ANY (ARRAY(SELECT c.id FROM chosen c))
-               AND NOT EXISTS (SELECT FROM locked_deliveries l
-                                WHERE l.message_id = d.message_id AND l.subscription_id = d.subscription_id)
+               AND (d.message_id, d.subscription_id) NOT IN (SELECT l.message_id, l.subscription_id FROM locked_deliveries l)
         ), gone AS (
             DELETE FROM ONLY @extschema@.outbox o
-             WHERE o.ctid = ANY (ARRAY(SELECT c.ctid FROM chosen c
-                                        WHERE NOT EXISTS (SELECT FROM held h WHERE h.message_id = c.id)))
+             WHERE o.ctid = ANY (ARRAY(SELECT c.ctid FROM chosen c WHERE c.id NOT IN (SELECT h.message_id FROM held h)))
             RETURNING o.id
         ), gone_deliveries AS (
             -- (By the key of outbox_delivery, each message's: see enable_seqscan above.)

@@ -235,6 +235,9 @@ pub struct Endpoints {
     /// Ordering keys at endpoints whose next delivery an operator's open transaction held when
     /// the one before it ended (record.rs, end_deliveries): handed on by a later step.
     pub releasing_held: super::held_back::HeldBack<(i64, String)>,
+    /// Messages left without deliveries that an operator's open transaction held when the
+    /// worker would have let them go (record.rs, settle_orphans): looked for again then.
+    pub orphans_again_at: Option<std::time::Instant>,
     /// The circuits' changes the subscriptions do not show yet (breaker.rs).
     pub breaker_unwritten: super::breaker::Unwritten,
     /// A claim left due deliveries behind because their payloads did not fit the worker's

@@ -305,6 +305,8 @@ impl Worker {
                     pgrx::warning!("outbox_ext: a delivery step failed, trying again in {:?}: {failure}", self.retry_wait);
                     self.endpoints.settling_held.hold(std::mem::take(&mut self.settling_again), Instant::now());
                     self.endpoints.releasing_held.hold(std::mem::take(&mut self.releasing_again), Instant::now());
+                    // (Whatever the step found orphaned is to be looked for again.)
+                    self.endpoints.orphans_again_at.get_or_insert_with(Instant::now);
                     // While draining, answers still wait to be recorded: try at least once a second.
                     let wait = if self.draining { self.retry_wait.min(Duration::from_secs(1)) } else { self.retry_wait };
                     self.retry_at = Some(Instant::now() + wait);
@@ -436,7 +438,7 @@ impl Worker {
         let mut claimed = Vec::new();
         if claiming && Instant::now() >= self.next_refresh {
             if self.endpoints.reload(schema, self.settings.http_timeout) {
-                record::settle_orphans(&mut spi, schema, &mut self.endpoints.settling_held);
+                self.endpoints.orphans_again_at = Some(Instant::now());
             }
             let topics = self.endpoints.topics();
             registry::publish_topics(self.slot, TopicFilter::of_all(topics.iter().map(String::as_str)));
@@ -444,6 +446,10 @@ impl Worker {
             self.housekeeping.warn_about_unsubscribed_topics(&mut spi, schema, &topics);
             self.next_refresh = Instant::now() + self.settings.poll_interval;
             self.messages_may_be_ready = true;
+        }
+        if claiming && self.endpoints.orphans_again_at.is_some_and(|at| Instant::now() >= at) {
+            let held = record::settle_orphans(&mut spi, schema, &mut self.endpoints.settling_held);
+            self.endpoints.orphans_again_at = held.then(|| Instant::now() + held_back::HOLD_BACK);
         }
         // Queued for endpoints disabled (by the breaker, an operator) or gone: not sent. (A
         // worker not claiming emptied every queue before the step.)
@@ -500,8 +506,12 @@ impl Worker {
         if !claiming || !self.handing_back.is_empty() || self.messages_may_be_ready || Instant::now() >= self.next_refresh {
             return true;
         }
-        let retries =
-            [self.endpoints.settling_held.until(), self.endpoints.releasing_held.until(), self.endpoints.breaker_unwritten.retry_at()];
+        let retries = [
+            self.endpoints.settling_held.until(),
+            self.endpoints.releasing_held.until(),
+            self.endpoints.orphans_again_at,
+            self.endpoints.breaker_unwritten.retry_at(),
+        ];
         if retries.into_iter().flatten().any(|at| Instant::now() >= at) {
             return true;
         }
@@ -610,6 +620,7 @@ impl Worker {
             self.held_hand_backs.until(),
             self.endpoints.settling_held.until(),
             self.endpoints.releasing_held.until(),
+            self.endpoints.orphans_again_at,
             self.endpoints.breaker_unwritten.retry_at(),
         ];
         for until in holds.into_iter().flatten() {

@@ -290,8 +290,9 @@ fn settle_locked_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i6
 
 /// After endpoints were unsubscribed (their deliveries deleted with them): messages whose other
 /// deliveries have all ended end (settle_messages); those left without any delivery are no
-/// longer the worker's (unhand_messages.sql).
-pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, held: &mut HeldBack<i64>) {
+/// longer the worker's (unhand_messages.sql). Returns whether another transaction held some of
+/// the latter (a redelivery not yet committed): to be tried again later.
+pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, held: &mut HeldBack<i64>) -> bool {
     let rows = spi.execute_by_index(&ORPHANED, schema, &[]);
     let (mut with_deliveries, mut without) = (Vec::new(), Vec::new());
     for row in 0..rows.len() {
@@ -302,12 +303,15 @@ pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, held: &mut HeldBack<i6
             without.push(id)
         }
     }
+    let mut unhanding_held = false;
     if !without.is_empty() {
-        let unhanded = spi.execute(&UNHAND, schema, &[without.into_datum()]);
+        let unhanded = spi.execute_seeing_latest_commits(&UNHAND, schema, &[without.into_datum()]);
         let keys: Vec<String> = (0..unhanded.len()).filter_map(|row| unhanded.get_text(row, 1)).collect();
+        unhanding_held = (0..unhanded.len()).any(|row| unhanded.get::<i64>(row, 2).is_some());
         if !keys.is_empty() {
             ordering::requeue_in_key_order(spi, schema, keys.into_datum());
         }
     }
     settle_messages(spi, schema, with_deliveries, held);
+    unhanding_held
 }

@@ -326,6 +326,35 @@ def test_a_worker_starts_while_a_redelivery_holds_a_delivery_its_predecessor_lea
     assert "a delivery step failed" not in log.since()
 
 
+def test_a_message_an_unsubscribe_leaves_without_deliveries_waits_for_an_open_redelivery(fast_worker, receivers):
+    """A message whose every endpoint is unsubscribed is no longer the worker's: it is let go,
+    PENDING for whoever comes next. One that a redelivery to a newer endpoint holds, not yet
+    committed (adding its delivery there), made the worker wait for that transaction, every
+    endpoint with it, and then let the message go beside its new delivery (stop 47's list of
+    waits left). The worker leaves it until the redelivery ends now."""
+    db = fast_worker
+    newer, other = receivers(), receivers()
+    disabled_endpoint(db, "shared.topic")  # the message's only endpoint: its delivery is parked
+    db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+    message, _ = enqueue(db, "shared.topic", {"n": 1})
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_delivery WHERE message_id = %s", (message,)).fetchone()[0] == 1,
+               what="its delivery, parked")
+    newer_id = db.execute("SELECT outbox_subscribe('shared.topic', %s)", (newer.url,)).fetchone()[0]
+    log = ServerLog()
+    with connect() as operator:
+        redelivered = operator.execute("SELECT outbox_redeliver(%s, message_ids => ARRAY[%s]::bigint[])", (newer_id, message))
+        assert redelivered.fetchone()[0] == 1  # not committed yet
+        db.execute("SELECT outbox_unsubscribe('shared.topic', 'http://127.0.0.1:9/')")
+        time.sleep(0.5)  # the worker reads the subscriptions again, and finds the message without a delivery
+        enqueue(db, "other.topic", {"n": 2})
+        other.wait_for(1, timeout=3)
+        operator.commit()
+    newer.wait_for(1, timeout=5)
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (message,)).fetchone()[0] == "DONE",
+               what="the message DONE with its delivery")
+    assert "a delivery step failed" not in log.since()
+
+
 @pytest.mark.parametrize("operator_ends_with", ["commit", "rollback"])
 def test_a_paused_worker_hands_back_what_it_can_while_an_unsubscribe_is_open(fast_worker, receivers, operator_ends_with):
     """Paused (outbox.worker_enabled = off), the worker hands back what it leased ahead and did
