@@ -5,27 +5,30 @@
 -- delivery another transaction holds (an operator's redelivery not yet committed): skipped
 -- rather than waited for, to be released again later (src/ordering).
 WITH next AS (
-    SELECT (SELECT q.message_id
-              FROM ONLY @extschema@.outbox_delivery q
-             WHERE q.subscription_id OPERATOR(pg_catalog.=) e.subscription_id
-               AND q.ordering_key OPERATOR(pg_catalog.=) e.key
-               AND q.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
-               AND q.waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::@extschema@.outbox_wait
-             ORDER BY q.message_id
-             LIMIT 1) AS message_id,
-           e.subscription_id, e.key
+    -- Each statement below finds its rows by index or by row address, never by a join of two
+    -- of these: a plan kept for a few keys must not turn quadratic when a worker starting
+    -- passes every key there is (src/worker/keys_left_behind.sql).
+    SELECT q.row_address, q.message_id, e.subscription_id, e.key
       FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS e(subscription_id, key)
+      LEFT JOIN LATERAL (SELECT q.ctid AS row_address, q.message_id
+                           FROM ONLY @extschema@.outbox_delivery q
+                          WHERE q.subscription_id OPERATOR(pg_catalog.=) e.subscription_id
+                            AND q.ordering_key OPERATOR(pg_catalog.=) e.key
+                            AND q.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+                            AND q.waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::@extschema@.outbox_wait
+                          ORDER BY q.message_id
+                          LIMIT 1) q ON true
      WHERE NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery h
                         WHERE h.subscription_id OPERATOR(pg_catalog.=) e.subscription_id
                           AND h.ordering_key OPERATOR(pg_catalog.=) e.key
                           AND h.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
                           AND h.waiting_for IS NULL)
 ), free AS (
-    -- (Still waiting behind its key, should a commit since have changed it.)
-    SELECT d.message_id, d.subscription_id
-      FROM ONLY @extschema@.outbox_delivery d, next
-     WHERE d.message_id OPERATOR(pg_catalog.=) next.message_id
-       AND d.subscription_id OPERATOR(pg_catalog.=) next.subscription_id
+    -- (Still waiting behind its key, should a commit since have changed it; a row changed so is
+    -- left for the next try.)
+    SELECT d.ctid AS row_address
+      FROM ONLY @extschema@.outbox_delivery d
+     WHERE d.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT n.row_address FROM next n WHERE n.row_address IS NOT NULL))
        AND d.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
        AND d.waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::@extschema@.outbox_wait
        FOR NO KEY UPDATE OF d SKIP LOCKED
@@ -35,17 +38,13 @@ WITH next AS (
     UPDATE ONLY @extschema@.outbox_delivery d
        SET waiting_for = NULL,
            available_at = GREATEST(d.available_at, pg_catalog.clock_timestamp())
-      FROM free
-     WHERE d.message_id OPERATOR(pg_catalog.=) free.message_id
-       AND d.subscription_id OPERATOR(pg_catalog.=) free.subscription_id
-    RETURNING d.message_id, d.subscription_id
+     WHERE d.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT f.row_address FROM free f))
+    RETURNING d.subscription_id, d.ordering_key
 ), held AS (
-    SELECT next.subscription_id, next.key
-      FROM next
-     WHERE next.message_id IS NOT NULL
-       AND NOT EXISTS (SELECT FROM released r
-                        WHERE r.message_id OPERATOR(pg_catalog.=) next.message_id
-                          AND r.subscription_id OPERATOR(pg_catalog.=) next.subscription_id)
+    -- (EXCEPT: hashed or sorted, however many keys.)
+    SELECT next.subscription_id, next.key FROM next WHERE next.message_id IS NOT NULL
+    EXCEPT
+    SELECT r.subscription_id, r.ordering_key FROM released r
 )
 SELECT (SELECT pg_catalog.count(*)::pg_catalog.int4 FROM released),
        pg_catalog.array_agg(held.subscription_id), pg_catalog.array_agg(held.key)

@@ -27,4 +27,4 @@ WITH candidates AS (
 )
 SELECT u.ordering_key, NULL::pg_catalog.int8 FROM unhanded u
 UNION ALL
-SELECT NULL, c.id FROM candidates c WHERE NOT EXISTS (SELECT FROM unhanded u WHERE u.id OPERATOR(pg_catalog.=) c.id)
+SELECT NULL, h.id FROM (SELECT c.id FROM candidates c EXCEPT SELECT u.id FROM unhanded u) h  -- (hashed or sorted)
