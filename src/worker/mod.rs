@@ -605,14 +605,15 @@ impl Worker {
             if let Some(until_it_may) = self.endpoints.wait_for_due_work(max_in_flight, Instant::now()) {
                 wait = wait.min(until_it_may);
             }
-            if let Some(until) = self.endpoints.held_back_topics.until() {
+            // (Only a claiming step looks for orphans again: counted otherwise, it would spin.)
+            for until in [self.endpoints.held_back_topics.until(), self.endpoints.orphans_again_at].into_iter().flatten() {
                 wait = wait.min(until.saturating_duration_since(Instant::now()));
             }
             if let Some(due) = self.endpoints.earliest_due(max_in_flight) {
                 wait = wait.min(Duration::from_micros(u64::try_from(due - now).unwrap_or(0)));
             }
         }
-        if let Some(since) = self.finished_since {
+        if let Some(since) = self.finished_since.filter(|_| !self.waiting_for_update) {
             wait = wait.min(RECORD_WITHIN.saturating_sub(since.elapsed()));
         }
         let holds = [
@@ -620,10 +621,11 @@ impl Worker {
             self.held_hand_backs.until(),
             self.endpoints.settling_held.until(),
             self.endpoints.releasing_held.until(),
-            self.endpoints.orphans_again_at,
             self.endpoints.breaker_unwritten.retry_at(),
         ];
-        for until in holds.into_iter().flatten() {
+        // (Waiting for the update, a step writes nothing: answers or held work due would make it
+        // spin.)
+        for until in holds.into_iter().flatten().filter(|_| !self.waiting_for_update) {
             wait = wait.min(until.saturating_duration_since(Instant::now()));
         }
         if self.draining {
