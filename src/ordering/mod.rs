@@ -151,9 +151,10 @@ sql_function!(outbox_release_delivery_keys_c, pg_finfo_outbox_release_delivery_k
     let mut spi = Spi::connect();
     let (mut released, mut held) = release_delivery_keys(&mut spi, schema, args.datum(0), args.datum(1));
     while !held.is_empty() {
-        let (endpoints, keys): (Vec<i64>, Vec<String>) = held.iter().cloned().unzip();
-        spi.execute(&LOCK_QUEUED_DELIVERIES, schema, &[endpoints.into_datum(), keys.into_datum()]);
-        let (more, still_held) = release_endpoint_keys(&mut spi, schema, held);
+        let (endpoints, keys): (Vec<i64>, Vec<String>) = held.into_iter().unzip();
+        let (endpoints, keys) = (endpoints.into_datum(), keys.into_datum());
+        spi.execute_seeing_latest_commits(&LOCK_QUEUED_DELIVERIES, schema, &[endpoints, keys]);
+        let (more, still_held) = release_delivery_keys(&mut spi, schema, endpoints, keys);
         released += more;
         held = still_held;
     }

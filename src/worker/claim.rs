@@ -5,7 +5,6 @@
 //! decides, as for `outbox_claim`).
 
 use super::endpoints::{self, ClaimSize, Endpoints, Queued};
-use super::held_back::HeldBack;
 use super::record;
 use crate::policy::RetryPolicy;
 use crate::spi::{Spi, Statement};
@@ -23,7 +22,6 @@ static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[I
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
 static RELEASE_LEASES: Statement = Statement::new(include_str!("release_leases.sql"), &[]);
-static KEYS_LEFT_BEHIND: Statement = Statement::new(include_str!("keys_left_behind.sql"), &[]);
 static HAND_BACK: Statement = Statement::new(include_str!("hand_back_deliveries.sql"), &[INT8ARRAYOID, INT8ARRAYOID, TIMESTAMPTZARRAYOID]);
 
 /// A delivery leased for one request.
@@ -217,17 +215,10 @@ fn fitting(candidates: &[(i64, i64)], budget: i64, nothing_in_flight: bool) -> V
     chosen
 }
 
-/// A new worker (in a transaction) makes every delivery its predecessor leased due again, and
-/// hands on the ordering keys it left for later at their endpoints (an operator's transaction
-/// held their next delivery: record.rs, end_deliveries), those still held going to `held`.
-/// Returns how many deliveries were leased.
-pub fn take_over_from_predecessor(schema: pg_sys::Oid, held: &mut HeldBack<(i64, String)>) -> usize {
+/// A new worker makes every delivery its predecessor leased due again (in a transaction).
+pub fn release_predecessors_leases(schema: pg_sys::Oid) -> usize {
     let mut spi = Spi::connect();
     let released = spi.execute(&RELEASE_LEASES, schema, &[]).len();
-    let left = spi.execute(&KEYS_LEFT_BEHIND, schema, &[]);
-    let (endpoints, keys) = (left.datum(0, 1), left.datum(0, 2));
-    let (_, still_held) = ordering::release_delivery_keys(&mut spi, schema, endpoints, keys);
-    held.hold(still_held, Instant::now());
     spi.finish();
     released
 }

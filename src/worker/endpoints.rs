@@ -235,9 +235,12 @@ pub struct Endpoints {
     /// Ordering keys at endpoints whose next delivery an operator's open transaction held when
     /// the one before it ended (record.rs, end_deliveries): handed on by a later step.
     pub releasing_held: super::held_back::HeldBack<(i64, String)>,
+    /// Subscriptions went away (or a step that may have let their messages go failed): the
+    /// next claiming step looks for messages left without deliveries (record.rs, settle_orphans).
+    pub look_for_orphans: bool,
     /// Messages left without deliveries that an operator's open transaction held when the
-    /// worker would have let them go (record.rs, settle_orphans): looked for again then.
-    pub orphans_again_at: Option<std::time::Instant>,
+    /// worker would have let them go (record.rs, unhand): let go by a later step.
+    pub unhanding_held: super::held_back::HeldBack<i64>,
     /// The circuits' changes the subscriptions do not show yet (breaker.rs).
     pub breaker_unwritten: super::breaker::Unwritten,
     /// A claim left due deliveries behind because their payloads did not fit the worker's

@@ -4,7 +4,8 @@
 -- subscription of its topic (parked while that one is disabled), which starts where the
 -- message stood (its attempts and last error: a message that was backing off keeps its
 -- schedule) and, with an ordering key, waits behind the endpoint's pending deliveries of
--- that key, if any (they have a head, the oldest: src/ordering). The message then waits for its deliveries (no claim takes it) and releases its
+-- that key, if any (they have a head, the oldest, but while an operator's transaction holds
+-- the next one: src/ordering). The message then waits for its deliveries (no claim takes it) and releases its
 -- key: from here the order holds per endpoint.
 --
 -- A topic whose subscriptions an operator is changing (unsubscribing one, not yet committed,
@@ -69,16 +70,25 @@ WITH ready AS (
     INSERT INTO @extschema@.outbox_delivery AS d
            (message_id, subscription_id, attempts, last_error, available_at, ordering_key, waiting_for)
     SELECT r.id, s.id, r.attempts, r.last_error, $1, r.ordering_key,
-           -- (The key's head at the endpoint, looked up in outbox_delivery_key_head_idx; as an
-           -- EXISTS, the plan could read every PENDING delivery instead, at every pick-up.)
+           -- Behind the key's head at the endpoint, or behind its deliveries queued without one
+           -- (their next one held by an operator's transaction: src/ordering hands it on later).
+           -- (Looked up in outbox_delivery_key_head_idx and _queue_idx; as an EXISTS, the plan
+           -- could read every PENDING delivery instead, at every pick-up.)
            CASE WHEN r.ordering_key IS NOT NULL
-                 AND (SELECT true
-                        FROM ONLY @extschema@.outbox_delivery p
-                       WHERE p.subscription_id OPERATOR(pg_catalog.=) s.id
-                         AND p.ordering_key OPERATOR(pg_catalog.=) r.ordering_key
-                         AND p.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
-                         AND p.waiting_for IS NULL
-                       LIMIT 1)
+                 AND ((SELECT true
+                         FROM ONLY @extschema@.outbox_delivery p
+                        WHERE p.subscription_id OPERATOR(pg_catalog.=) s.id
+                          AND p.ordering_key OPERATOR(pg_catalog.=) r.ordering_key
+                          AND p.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+                          AND p.waiting_for IS NULL
+                        LIMIT 1)
+                      OR (SELECT true
+                            FROM ONLY @extschema@.outbox_delivery q
+                           WHERE q.subscription_id OPERATOR(pg_catalog.=) s.id
+                             AND q.ordering_key OPERATOR(pg_catalog.=) r.ordering_key
+                             AND q.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+                             AND q.waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::@extschema@.outbox_wait
+                           LIMIT 1))
                 THEN 'ordering_key'::@extschema@.outbox_wait END
       FROM picked r
       JOIN held s

@@ -127,6 +127,12 @@ struct Worker {
     /// The ordering keys a step hands on again at their endpoints (an operator's transaction
     /// held their next delivery before): held again if the step fails.
     releasing_again: Vec<(i64, String)>,
+    /// The messages left without deliveries a step lets go again (an operator's transaction
+    /// held them before): held again if the step fails.
+    unhanding_again: Vec<i64>,
+    /// The first step (of the database's version) hands on the keys a predecessor left behind
+    /// (record.rs, hand_on_keys_left_behind); again if it fails.
+    keys_left_behind: bool,
     housekeeping: Housekeeping,
     /// Subscriptions and due times are read again after this.
     next_refresh: Instant,
@@ -179,6 +185,8 @@ impl Worker {
             held_hand_backs: HeldBack::default(),
             settling_again: Vec::new(),
             releasing_again: Vec::new(),
+            unhanding_again: Vec::new(),
+            keys_left_behind: true,
             housekeeping: Housekeeping::default(),
             next_refresh: Instant::now(),
             retry_wait: FIRST_RETRY_WAIT,
@@ -210,8 +218,7 @@ impl Worker {
             }
         };
         pgrx::log!("outbox_ext: delivery worker started for database \"{database}\"");
-        let releasing_held = &mut self.endpoints.releasing_held;
-        match session::transaction(|| crate::spi::version_matches().then(|| claim::take_over_from_predecessor(schema, releasing_held))) {
+        match session::transaction(|| crate::spi::version_matches().then(|| claim::release_predecessors_leases(schema))) {
             Ok(Some(released)) if released > 0 => {
                 pgrx::log!("outbox_ext: {released} delivery(ies) in flight when the last worker stopped are due again")
             }
@@ -287,6 +294,8 @@ impl Worker {
                     self.held_hand_backs.hold(held, Instant::now());
                     self.settling_again.clear();
                     self.releasing_again.clear();
+                    self.unhanding_again.clear();
+                    self.keys_left_behind = false;
                     self.endpoints.answers_recorded();
                     self.report(&recorded);
                     for queued in claimed {
@@ -305,9 +314,9 @@ impl Worker {
                     pgrx::warning!("outbox_ext: a delivery step failed, trying again in {:?}: {failure}", self.retry_wait);
                     self.endpoints.settling_held.hold(std::mem::take(&mut self.settling_again), Instant::now());
                     self.endpoints.releasing_held.hold(std::mem::take(&mut self.releasing_again), Instant::now());
-                    // (Whatever the step found orphaned is to be looked for again.)
-                    self.endpoints.orphans_again_at.get_or_insert_with(Instant::now);
-                    // While draining, answers still wait to be recorded: try at least once a second.
+                    self.endpoints.unhanding_held.hold(std::mem::take(&mut self.unhanding_again), Instant::now());
+                    self.endpoints.look_for_orphans = true; // (what the step let go is back)
+                                                            // While draining, answers still wait to be recorded: try at least once a second.
                     let wait = if self.draining { self.retry_wait.min(Duration::from_secs(1)) } else { self.retry_wait };
                     self.retry_at = Some(Instant::now() + wait);
                     self.retry_wait = (self.retry_wait * 2).min(MAX_RETRY_WAIT);
@@ -379,6 +388,7 @@ impl Worker {
         self.handing_back.extend(self.endpoints.take_unsendable(true));
         self.settling_again.extend(self.endpoints.settling_held.take_all());
         self.releasing_again.extend(self.endpoints.releasing_held.take_all());
+        self.unhanding_again.extend(self.endpoints.unhanding_held.take_all());
         if self.nothing_left_to_write() {
             return;
         }
@@ -432,13 +442,16 @@ impl Worker {
         let recorded = record::record(&mut spi, schema, &self.finished, &policy, &mut self.endpoints);
         self.settling_again.extend(self.endpoints.settling_held.take_due(Instant::now()));
         record::settle_messages(&mut spi, schema, self.settling_again.clone(), &mut self.endpoints.settling_held);
+        if self.keys_left_behind {
+            record::hand_on_keys_left_behind(&mut spi, schema, &mut self.endpoints.releasing_held);
+        }
         self.releasing_again.extend(self.endpoints.releasing_held.take_due(Instant::now()));
         record::release_held_keys(&mut spi, schema, self.releasing_again.clone(), &mut self.endpoints.releasing_held);
         let breaker_written = breaker::record(&mut spi, schema, &self.finished, &mut self.endpoints, self.settings.endpoint_disable_after);
         let mut claimed = Vec::new();
         if claiming && Instant::now() >= self.next_refresh {
             if self.endpoints.reload(schema, self.settings.http_timeout) {
-                self.endpoints.orphans_again_at = Some(Instant::now());
+                self.endpoints.look_for_orphans = true;
             }
             let topics = self.endpoints.topics();
             registry::publish_topics(self.slot, TopicFilter::of_all(topics.iter().map(String::as_str)));
@@ -447,10 +460,13 @@ impl Worker {
             self.next_refresh = Instant::now() + self.settings.poll_interval;
             self.messages_may_be_ready = true;
         }
-        if claiming && self.endpoints.orphans_again_at.is_some_and(|at| Instant::now() >= at) {
-            let held = record::settle_orphans(&mut spi, schema, &mut self.endpoints.settling_held);
-            self.endpoints.orphans_again_at = held.then(|| Instant::now() + held_back::HOLD_BACK);
+        if claiming && self.endpoints.look_for_orphans {
+            let endpoints = &mut self.endpoints;
+            record::settle_orphans(&mut spi, schema, &mut endpoints.settling_held, &mut endpoints.unhanding_held);
+            endpoints.look_for_orphans = false;
         }
+        self.unhanding_again.extend(self.endpoints.unhanding_held.take_due(Instant::now()));
+        record::unhand(&mut spi, schema, self.unhanding_again.clone(), &mut self.endpoints.unhanding_held);
         // Queued for endpoints disabled (by the breaker, an operator) or gone: not sent. (A
         // worker not claiming emptied every queue before the step.)
         self.handing_back.extend(self.endpoints.take_unsendable(false));
@@ -509,10 +525,10 @@ impl Worker {
         let retries = [
             self.endpoints.settling_held.until(),
             self.endpoints.releasing_held.until(),
-            self.endpoints.orphans_again_at,
+            self.endpoints.unhanding_held.until(),
             self.endpoints.breaker_unwritten.retry_at(),
         ];
-        if retries.into_iter().flatten().any(|at| Instant::now() >= at) {
+        if self.endpoints.look_for_orphans || retries.into_iter().flatten().any(|at| Instant::now() >= at) {
             return true;
         }
         if !self.finished.is_empty() {
@@ -605,8 +621,7 @@ impl Worker {
             if let Some(until_it_may) = self.endpoints.wait_for_due_work(max_in_flight, Instant::now()) {
                 wait = wait.min(until_it_may);
             }
-            // (Only a claiming step looks for orphans again: counted otherwise, it would spin.)
-            for until in [self.endpoints.held_back_topics.until(), self.endpoints.orphans_again_at].into_iter().flatten() {
+            if let Some(until) = self.endpoints.held_back_topics.until() {
                 wait = wait.min(until.saturating_duration_since(Instant::now()));
             }
             if let Some(due) = self.endpoints.earliest_due(max_in_flight) {
@@ -621,6 +636,7 @@ impl Worker {
             self.held_hand_backs.until(),
             self.endpoints.settling_held.until(),
             self.endpoints.releasing_held.until(),
+            self.endpoints.unhanding_held.until(),
             self.endpoints.breaker_unwritten.retry_at(),
         ];
         // (Waiting for the update, a step writes nothing: answers or held work due would make it

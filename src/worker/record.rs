@@ -35,6 +35,7 @@ static LOCK_MESSAGES: Statement = Statement::new(include_str!("lock_messages.sql
 static HELD_MESSAGES: Statement = Statement::new(include_str!("held_messages.sql"), &[INT8ARRAYOID]);
 static MESSAGES_TO_SETTLE: Statement = Statement::new(include_str!("messages_to_settle.sql"), &[INT8ARRAYOID]);
 static ORPHANED: Statement = Statement::new(include_str!("orphaned_messages.sql"), &[]);
+static KEYS_LEFT_BEHIND: Statement = Statement::new(include_str!("keys_left_behind.sql"), &[]);
 static UNHAND: Statement = Statement::new(include_str!("unhand_messages.sql"), &[INT8ARRAYOID]);
 static SETTLE: Statement = Statement::new(include_str!("settle_messages.sql"), &[INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID]);
 
@@ -182,6 +183,16 @@ pub fn end_deliveries(
     messages
 }
 
+/// A new worker's first step: hands on the ordering keys its predecessor left for later at their
+/// endpoints (an operator's transaction held their next delivery, and it stopped meanwhile),
+/// those still held going to `held`.
+pub fn hand_on_keys_left_behind(spi: &mut Spi, schema: pg_sys::Oid, held: &mut HeldBack<(i64, String)>) {
+    let left = spi.execute(&KEYS_LEFT_BEHIND, schema, &[]);
+    let (endpoints, keys) = (left.datum(0, 1), left.datum(0, 2));
+    let (_, held_now) = ordering::release_delivery_keys(spi, schema, endpoints, keys);
+    held.hold(held_now, Instant::now());
+}
+
 /// Hands on `keys` (as (endpoint, key)) held back by an earlier step; those another transaction
 /// still holds go back to `held`.
 pub fn release_held_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Vec<(i64, String)>, held: &mut HeldBack<(i64, String)>) {
@@ -289,10 +300,10 @@ fn settle_locked_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i6
 }
 
 /// After endpoints were unsubscribed (their deliveries deleted with them): messages whose other
-/// deliveries have all ended end (settle_messages); those left without any delivery are no
-/// longer the worker's (unhand_messages.sql). Returns whether another transaction held some of
-/// the latter (a redelivery not yet committed): to be tried again later.
-pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, held: &mut HeldBack<i64>) -> bool {
+/// deliveries have all ended end (settle_messages: those another transaction holds go to
+/// `settling_held`); those left without any delivery are no longer the worker's
+/// ([`unhand`]: those held go to `unhanding_held`).
+pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, settling_held: &mut HeldBack<i64>, unhanding_held: &mut HeldBack<i64>) {
     let rows = spi.execute_by_index(&ORPHANED, schema, &[]);
     let (mut with_deliveries, mut without) = (Vec::new(), Vec::new());
     for row in 0..rows.len() {
@@ -303,15 +314,26 @@ pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, held: &mut HeldBack<i6
             without.push(id)
         }
     }
-    let mut unhanding_held = false;
-    if !without.is_empty() {
-        let unhanded = spi.execute_seeing_latest_commits(&UNHAND, schema, &[without.into_datum()]);
-        let keys: Vec<String> = (0..unhanded.len()).filter_map(|row| unhanded.get_text(row, 1)).collect();
-        unhanding_held = (0..unhanded.len()).any(|row| unhanded.get::<i64>(row, 2).is_some());
-        if !keys.is_empty() {
-            ordering::requeue_in_key_order(spi, schema, keys.into_datum());
-        }
+    unhand(spi, schema, without, unhanding_held);
+    settle_messages(spi, schema, with_deliveries, settling_held);
+}
+
+/// Lets go messages `ids` left without deliveries (unhand_messages.sql): PENDING for whoever
+/// comes next. Those another transaction holds (a redelivery adding a delivery, not yet
+/// committed) go to `held`, for a later step, rather than be waited for.
+pub fn unhand(spi: &mut Spi, schema: pg_sys::Oid, mut ids: Vec<i64>, held: &mut HeldBack<i64>) {
+    if ids.is_empty() {
+        return;
     }
-    settle_messages(spi, schema, with_deliveries, held);
-    unhanding_held
+    let held_now = lock_messages(spi, schema, ids.clone());
+    ids.retain(|id| !held_now.contains(id));
+    held.hold(held_now, Instant::now());
+    if ids.is_empty() {
+        return;
+    }
+    let unhanded = spi.execute_seeing_latest_commits(&UNHAND, schema, &[ids.into_datum()]);
+    let keys: Vec<String> = (0..unhanded.len()).filter_map(|row| unhanded.get_text(row, 1)).collect();
+    if !keys.is_empty() {
+        ordering::requeue_in_key_order(spi, schema, keys.into_datum());
+    }
 }
