@@ -315,8 +315,9 @@ impl Worker {
                     self.endpoints.settling_held.hold(std::mem::take(&mut self.settling_again), Instant::now());
                     self.endpoints.releasing_held.hold(std::mem::take(&mut self.releasing_again), Instant::now());
                     self.endpoints.unhanding_held.hold(std::mem::take(&mut self.unhanding_again), Instant::now());
-                    self.endpoints.look_for_orphans = true; // (what the step let go is back)
-                                                            // While draining, answers still wait to be recorded: try at least once a second.
+                    // (What the step let go is back: look for it again.)
+                    self.endpoints.look_for_orphans = true;
+                    // While draining, answers still wait to be recorded: try at least once a second.
                     let wait = if self.draining { self.retry_wait.min(Duration::from_secs(1)) } else { self.retry_wait };
                     self.retry_at = Some(Instant::now() + wait);
                     self.retry_wait = (self.retry_wait * 2).min(MAX_RETRY_WAIT);
