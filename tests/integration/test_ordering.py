@@ -403,9 +403,11 @@ def test_an_operators_function_waits_for_the_next_delivery_another_transaction_h
     and comes back to it. An operator's function that hands keys on (outbox_redeliver,
     outbox_requeue_dead, through outbox_release_delivery_keys) has no one to come back: it
     waits for that transaction, then hands the key on."""
-    # (Once the worker has started: a worker starting hands on such keys itself.)
-    eventually(lambda: db.execute("SELECT bool_or(last_poll_at IS NOT NULL) FROM outbox_worker_status()").fetchone()[0],
-               what="the worker started")
+    # (Once the worker has made its first step: that step hands on such keys itself. The
+    # status of its slot may still show its predecessor's last poll: one after its own start.)
+    eventually(lambda: db.execute("SELECT bool_or(last_poll_at > started_at) FROM outbox_worker_status() WHERE pid = %s",
+                                  (worker_pid(db.info.dbname),)).fetchone()[0],
+               what="the worker's first step")
     endpoint = db.execute("SELECT outbox_subscribe('parked.topic', 'http://127.0.0.1:9/hooks')").fetchone()[0]
     db.execute("SELECT outbox_disable_subscription(%s)", (endpoint,))  # nothing is sent to it
     ended, queued = (enqueue(db, "unsubscribed.topic", n, "booking:42") for n in (1, 2))
