@@ -403,22 +403,20 @@ def test_an_operators_function_waits_for_the_next_delivery_another_transaction_h
     and comes back to it. An operator's function that hands keys on (outbox_redeliver,
     outbox_requeue_dead, through outbox_release_delivery_keys) has no one to come back: it
     waits for that transaction, then hands the key on."""
-    # (Once the worker has made its first step: that step hands on such keys itself. The
-    # status of its slot may still show its predecessor's last poll: one after its own start.)
-    eventually(lambda: db.execute("SELECT bool_or(last_poll_at > started_at) FROM outbox_worker_status() WHERE pid = %s",
-                                  (worker_pid(db.info.dbname),)).fetchone()[0],
-               what="the worker's first step")
     endpoint = db.execute("SELECT outbox_subscribe('parked.topic', 'http://127.0.0.1:9/hooks')").fetchone()[0]
     db.execute("SELECT outbox_disable_subscription(%s)", (endpoint,))  # nothing is sent to it
-    ended, queued = (enqueue(db, "unsubscribed.topic", n, "booking:42") for n in (1, 2))
+    head, queued = (enqueue(db, "unsubscribed.topic", n, "booking:42") for n in (1, 2))
     db.execute(
-        "INSERT INTO outbox_delivery (message_id, subscription_id, ordering_key, status, processed_at, waiting_for)"
-        " VALUES (%s, %s, 'booking:42', 'DONE', now(), NULL), (%s, %s, 'booking:42', 'PENDING', NULL, 'ordering_key')",
-        (ended, endpoint, queued, endpoint),
+        "INSERT INTO outbox_delivery (message_id, subscription_id, ordering_key, waiting_for)"
+        " VALUES (%s, %s, 'booking:42', NULL), (%s, %s, 'booking:42', 'ordering_key')",
+        (head, endpoint, queued, endpoint),
     )
     released = []
     with connect() as holder:
         holder.execute("SELECT FROM outbox_delivery WHERE message_id = %s FOR UPDATE", (queued,))
+        # The head ends (by hand) while the next one is held. (The worker, should it look now,
+        # leaves the key for later too, and hands it on when the holder ends: either hands it on.)
+        db.execute("UPDATE outbox_delivery SET status = 'DONE', processed_at = now() WHERE message_id = %s", (head,))
 
         def release():
             with connect() as operator:
@@ -431,7 +429,7 @@ def test_an_operators_function_waits_for_the_next_delivery_another_transaction_h
         assert released == [], "it waits for the transaction holding the delivery"
         holder.commit()
     thread.join(timeout=10)
-    assert released == [1]
+    assert released in ([1], [0]), released
     assert db.execute("SELECT waiting_for FROM outbox_delivery WHERE message_id = %s", (queued,)).fetchone()[0] is None
 
 
