@@ -111,20 +111,17 @@ sql_function!(outbox_release_keys_c, pg_finfo_outbox_release_keys_c, |args| {
     released.into_datum().unwrap()
 });
 
-/// Ordering keys at endpoints, as (endpoint, key).
-pub type EndpointKeys = Vec<(i64, String)>;
-
 /// After deliveries ended (`endpoints` and `keys` pairwise, as bigint[] and text[] datums; `None`
 /// when none had a key): per endpoint and key, the next delivery becomes claimable. Returns how
 /// many did, and the keys whose next delivery another transaction holds (an operator's
-/// redelivery not yet committed), left as they are rather than waited for: release them again
-/// later ([`release_endpoint_keys`]).
+/// redelivery not yet committed), as (endpoint, key), left as they are rather than waited for:
+/// release them again later.
 pub fn release_delivery_keys(
     spi: &mut Spi,
     schema: pg_sys::Oid,
     endpoints: Option<pg_sys::Datum>,
     keys: Option<pg_sys::Datum>,
-) -> (i32, EndpointKeys) {
+) -> (i32, Vec<(i64, String)>) {
     if endpoints.is_none() || keys.is_none() {
         return (0, Vec::new());
     }
@@ -132,15 +129,6 @@ pub fn release_delivery_keys(
     let held_endpoints = rows.get::<Vec<i64>>(0, 2).unwrap_or_default();
     let held = held_endpoints.into_iter().zip(rows.get_text_array(0, 3)).collect();
     (rows.get::<i32>(0, 1).unwrap_or(0), held)
-}
-
-/// [`release_delivery_keys`] of keys held back before.
-pub fn release_endpoint_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: EndpointKeys) -> (i32, EndpointKeys) {
-    if keys.is_empty() {
-        return (0, keys);
-    }
-    let (endpoints, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
-    release_delivery_keys(spi, schema, endpoints.into_datum(), keys.into_datum())
 }
 
 // outbox_release_delivery_keys(subscriptions bigint[], keys text[]) RETURNS integer: the same

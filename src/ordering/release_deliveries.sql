@@ -8,9 +8,9 @@ WITH next AS (
     -- Each statement below finds its rows by index or by row address, never by a join of two
     -- of these: a plan kept for a few keys must not turn quadratic when a worker starting
     -- passes every key there is (src/worker/keys_left_behind.sql).
-    SELECT q.row_address, q.message_id, e.subscription_id, e.key
+    SELECT q.row_address, e.subscription_id, e.key
       FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS e(subscription_id, key)
-      LEFT JOIN LATERAL (SELECT q.ctid AS row_address, q.message_id
+      LEFT JOIN LATERAL (SELECT q.ctid AS row_address
                            FROM ONLY @extschema@.outbox_delivery q
                           WHERE q.subscription_id OPERATOR(pg_catalog.=) e.subscription_id
                             AND q.ordering_key OPERATOR(pg_catalog.=) e.key
@@ -42,7 +42,7 @@ WITH next AS (
     RETURNING d.subscription_id, d.ordering_key
 ), held AS (
     -- (EXCEPT: hashed or sorted, however many keys.)
-    SELECT next.subscription_id, next.key FROM next WHERE next.message_id IS NOT NULL
+    SELECT next.subscription_id, next.key FROM next WHERE next.row_address IS NOT NULL
     EXCEPT
     SELECT r.subscription_id, r.ordering_key FROM released r
 )

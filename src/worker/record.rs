@@ -178,9 +178,22 @@ pub fn end_deliveries(
 ) -> Vec<i64> {
     let rows = spi.execute(statement, schema, arguments);
     let (messages, endpoints_with_keys, keys) = (rows.get::<Vec<i64>>(0, 1).unwrap_or_default(), rows.datum(0, 2), rows.datum(0, 3));
-    let (_, held_now) = ordering::release_delivery_keys(spi, schema, endpoints_with_keys, keys);
-    held.hold(held_now, Instant::now());
+    release_keys(spi, schema, endpoints_with_keys, keys, held);
     messages
+}
+
+/// Hands on ordering keys at endpoints (`endpoints` and `keys` pairwise, as bigint[] and text[]
+/// datums; `None` when there are none: src/ordering); those another transaction holds go to
+/// `held`.
+fn release_keys(
+    spi: &mut Spi,
+    schema: pg_sys::Oid,
+    endpoints: Option<pg_sys::Datum>,
+    keys: Option<pg_sys::Datum>,
+    held: &mut HeldBack<(i64, String)>,
+) {
+    let (_, held_now) = ordering::release_delivery_keys(spi, schema, endpoints, keys);
+    held.hold(held_now, Instant::now());
 }
 
 /// A new worker's first step: hands on the ordering keys its predecessor left for later at their
@@ -189,15 +202,17 @@ pub fn end_deliveries(
 pub fn hand_on_keys_left_behind(spi: &mut Spi, schema: pg_sys::Oid, held: &mut HeldBack<(i64, String)>) {
     let left = spi.execute(&KEYS_LEFT_BEHIND, schema, &[]);
     let (endpoints, keys) = (left.datum(0, 1), left.datum(0, 2));
-    let (_, held_now) = ordering::release_delivery_keys(spi, schema, endpoints, keys);
-    held.hold(held_now, Instant::now());
+    release_keys(spi, schema, endpoints, keys, held);
 }
 
 /// Hands on `keys` (as (endpoint, key)) held back by an earlier step; those another transaction
 /// still holds go back to `held`.
 pub fn release_held_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Vec<(i64, String)>, held: &mut HeldBack<(i64, String)>) {
-    let (_, held_now) = ordering::release_endpoint_keys(spi, schema, keys);
-    held.hold(held_now, Instant::now());
+    if keys.is_empty() {
+        return; // (most steps: no statement)
+    }
+    let (endpoints, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
+    release_keys(spi, schema, endpoints.into_datum(), keys.into_datum(), held);
 }
 
 /// The answers among `finished` whose deliveries another transaction holds (an operator's

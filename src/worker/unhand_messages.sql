@@ -7,7 +7,7 @@
 UPDATE ONLY @extschema@.outbox o
    SET waiting_for = CASE WHEN o.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait END
  WHERE o.id OPERATOR(pg_catalog.=) ANY ($1)
-   AND o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
+   AND o.status::pg_catalog.text OPERATOR(pg_catalog.=) 'PENDING'
    AND o.waiting_for OPERATOR(pg_catalog.=) 'deliveries'::@extschema@.outbox_wait
    AND NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) o.id)
 RETURNING o.ordering_key
