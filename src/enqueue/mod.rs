@@ -16,6 +16,7 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::cmp::Ordering;
 
 mod direct_insert;
+mod public_id;
 
 /// dedupe_key's limit, in characters.
 pub const MAX_DEDUPE_KEY_CHARS: usize = 255;
@@ -189,9 +190,10 @@ fn message_columns(args: &Args, payload: pg_sys::Datum, available_at: pg_sys::Da
     vec![("topic", args.datum(0).expect("not NULL")), ("payload", payload), ("available_at", available_at)]
 }
 
-// outbox_uuid_v7() RETURNS uuid: a time-ordered UUID (version 7), the default of public_id:
-// new ids land at the right edge of its unique index instead of splitting pages at random.
-// (Its symbol keeps the name pgrx gave it until 0.3.0.)
+// outbox_uuid_v7() RETURNS uuid: a time-ordered UUID (version 7), the default of public_id
+// (src/enqueue/public_id.rs). (Its symbol keeps the name pgrx gave it until 0.3.0.)
 sql_function!(outbox_uuid_v7_wrapper, pg_finfo_outbox_uuid_v7_wrapper, |_args| {
-    pgrx::datum::IntoDatum::into_datum(pgrx::datum::Uuid::from_bytes(*uuid::Uuid::now_v7().as_bytes())).expect("a uuid")
+    // SAFETY: this backend's pid, set before any function runs.
+    let process = unsafe { pg_sys::MyProcPid } as u32;
+    pgrx::datum::IntoDatum::into_datum(pgrx::datum::Uuid::from_bytes(public_id::new_public_id(process))).expect("a uuid")
 });
