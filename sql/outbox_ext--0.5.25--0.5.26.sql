@@ -356,6 +356,12 @@ AS $$
 DECLARE
     subscription @extschema@.outbox_subscription;
 BEGIN
+    -- (As bounded as the errors the worker records: the reason is shown wherever the endpoint is.)
+    IF pg_catalog.length(outbox_disable_subscription.reason) > 4096 THEN
+        RAISE EXCEPTION 'outbox_disable_subscription: reason must be at most 4096 characters, got %',
+                pg_catalog.length(outbox_disable_subscription.reason)
+            USING ERRCODE = 'string_data_right_truncation';
+    END IF;
     subscription := @extschema@.outbox_subscription_for_update('outbox_disable_subscription'::text, 'id'::text, outbox_disable_subscription.id);
     IF NOT subscription.enabled THEN
         RETURN false;

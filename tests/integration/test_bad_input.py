@@ -101,6 +101,9 @@ CASES = [
     # secret days ago).
     ("outbox_rotate_secret(outbox_subscribe('t.x', 'https://hooks.example.test/'), overlap => interval '-12 months 361 days')", INVALID, "overlap"),
     ("outbox_rotate_secret(outbox_subscribe('t.x', 'https://hooks.example.test/'), overlap => interval '-9000 years')", INVALID, "overlap"),
+    # A reason is shown wherever the endpoint is (outbox_endpoint_stats, the monitoring view):
+    # as bounded as the errors the worker records.
+    ("outbox_disable_subscription(outbox_subscribe('t.x', 'https://hooks.example.test/'), repeat('r', 4097))", TOO_LONG, "reason"),
 ]
 
 
