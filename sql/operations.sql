@@ -351,6 +351,14 @@ BEGIN
         PERFORM @extschema@.outbox_release_keys(keys);
     END IF;
     IF endpoints IS NOT NULL THEN
+        -- The keys of the requeued deliveries, held as a producer holds a key it queues behind
+        -- (src/ordering) until this transaction ends, as outbox_redeliver does: meanwhile the
+        -- worker leaves the keys' newer messages alone, rather than make one the key's head at
+        -- an endpoint beside a requeued one (it waited for this commit, every endpoint with it,
+        -- and then failed on outbox_delivery_key_head_idx). (After outbox_release_keys, which
+        -- may have taken some of the same locks exclusively.)
+        PERFORM pg_advisory_xact_lock_shared('@extschema@.outbox'::regclass::oid::int4, k.hash)
+           FROM (SELECT DISTINCT hashtext(e.key) AS hash FROM unnest(endpoint_keys) AS e(key) ORDER BY 1) k;
         PERFORM @extschema@.outbox_release_delivery_keys(endpoints, endpoint_keys);
     END IF;
     IF requeued > 0 THEN

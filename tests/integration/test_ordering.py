@@ -337,6 +337,33 @@ def test_a_redelivery_not_yet_committed_holds_back_no_other_topic_and_keeps_the_
     assert "delivery step failed" not in log.since()
 
 
+def test_a_requeue_not_yet_committed_holds_back_no_other_topic_and_keeps_the_keys_order(fast_worker, receivers):
+    """Requeuing a dead keyed delivery makes it the key's head at the endpoint again, as a
+    redelivery does. Before it committed, the worker making a newer message of that key the
+    head there too waited for it with its whole step, every endpoint's, and then failed on the
+    one-head-per-key index: outbox_requeue_dead did not hold the key as outbox_redeliver does."""
+    db = fast_worker
+    keyed, other = receivers(), receivers()
+    keyed.answer_by_default(500)
+    db.execute("SELECT outbox_subscribe('booking.created', %s)", (keyed.url,))
+    db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+    first = enqueue(db, "booking.created", 1, "booking:42")
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (first,)).fetchone()[0] == "DEAD",
+               what="the first message dead at its endpoint")
+    keyed.answer_by_default(200)
+    log = ServerLog()
+    with connect() as operator:
+        assert operator.execute("SELECT outbox_requeue(%s::bigint)", (first,)).fetchone()[0] == 1  # not committed yet
+        enqueue(db, "booking.created", 2, "booking:42")
+        time.sleep(0.5)  # the worker picks it up, or tries to
+        enqueue(db, "other.topic", 3)
+        other.wait_for(1, timeout=5)
+        operator.commit()
+    eventually(lambda: [json.loads(r["body"])["n"] for r in keyed.requests if r["status"] == 200] == [1, 2],
+               timeout=10, what="the requeued message, then the newer one")
+    assert "delivery step failed" not in log.since()
+
+
 def redelivering_the_queued_message_while_the_head_is_in_flight(db, keyed):
     """Two messages of one key for `keyed`'s endpoint: the first in flight (its answer comes
     back in 1 s), the second queued behind it at the endpoint. Returns the open operator
