@@ -85,6 +85,18 @@ impl OutboxError {
         }
     }
 
+    /// The SQL function the error concerns, for its LOCATION ("outbox_ext" when it is none or
+    /// a name made at run time).
+    fn function_name(&self) -> &'static str {
+        match self {
+            OutboxError::NullArgument { function: Cow::Borrowed(name), .. }
+            | OutboxError::NullElement { function: Cow::Borrowed(name), .. }
+            | OutboxError::InvalidArgument { function: Cow::Borrowed(name), .. }
+            | OutboxError::TooLong { function: Cow::Borrowed(name), .. } => name,
+            _ => "outbox_ext",
+        }
+    }
+
     fn hint(&self) -> Option<&'static str> {
         match self {
             OutboxError::NullArgument { hint, .. } | OutboxError::InvalidArgument { hint, .. } => *hint,
@@ -109,11 +121,14 @@ impl OutboxError {
 }
 
 /// Raises `error` as a PostgreSQL ERROR: the current transaction (or subtransaction) aborts.
+/// Its LOCATION (shown with `VERBOSITY verbose`) names the SQL function and the line of Rust
+/// that raised it.
+#[track_caller]
 pub fn raise(error: OutboxError) -> ! {
     // The message may quote the caller's values; shown in a database that is not UTF-8, any
     // character outside ASCII is escaped rather than sent as bytes it does not hold.
     let message = text::for_server_message(&error.to_string()).into_owned();
-    let mut report = ErrorReport::new(error.sqlstate().0, message, "");
+    let mut report = ErrorReport::new(error.sqlstate().0, message, error.function_name());
     if let Some(hint) = error.hint() {
         report = report.set_hint(hint);
     }
@@ -122,8 +137,12 @@ pub fn raise(error: OutboxError) -> ! {
 }
 
 /// `result`'s value, or its error raised.
+#[track_caller]
 pub fn or_raise<T>(result: Result<T, OutboxError>) -> T {
-    result.unwrap_or_else(|error| raise(error))
+    match result {
+        Ok(value) => value,
+        Err(error) => raise(error),
+    }
 }
 
 #[cfg(test)]

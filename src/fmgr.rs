@@ -140,6 +140,7 @@ impl Args {
 
 /// Refuses an array argument of `dimensions` when more than one: PostgreSQL would read it flat,
 /// while a caller who wrote one meant something else.
+#[track_caller]
 pub fn require_one_dimension(dimensions: i32, function: &'static str, argument: &'static str) {
     if dimensions > 1 {
         raise(OutboxError::invalid(function, argument, format!("must be a one-dimensional array, got {dimensions} dimensions")));
@@ -147,8 +148,12 @@ pub fn require_one_dimension(dimensions: i32, function: &'static str, argument: 
 }
 
 /// `value`, or a NULL-argument error naming `function` and `argument`.
+#[track_caller]
 pub fn required<T>(value: Option<T>, function: &'static str, argument: &'static str) -> T {
-    value.unwrap_or_else(|| raise(OutboxError::null(function, argument)))
+    match value {
+        Some(value) => value,
+        None => raise(OutboxError::null(function, argument)),
+    }
 }
 
 /// A NULL result.

@@ -248,3 +248,20 @@ def test_errors_carry_no_rust_backtrace(db):
         db.execute("RESET statement_timeout")
         assert caught.value.sqlstate == sqlstate, caught.value
         assert not caught.value.diag.message_detail, caught.value.diag.message_detail
+
+
+@pytest.mark.parametrize("call,function", [
+    ("outbox_enqueue(NULL, '{}')", "outbox_enqueue"),                    # a NULL
+    ("outbox_claim(0)", "outbox_claim"),                                 # a value out of range
+    ("outbox_enqueue('booking.created', '{}', dedupe_key => repeat('k', 256))", "outbox_enqueue"),
+])
+def test_an_errors_location_names_the_function_and_the_line_that_refused_it(db, call, function):
+    """What `\\set VERBOSITY verbose` shows as LOCATION: the SQL function and the place in the
+    source that refused the value (0.5.25 gave every error an empty function name and the one
+    line of error.rs that raises them all)."""
+    with pytest.raises(psycopg.Error) as caught:
+        db.execute(f"SELECT * FROM {call}")
+    diag = caught.value.diag
+    assert diag.source_function == function, diag.source_function
+    assert diag.source_file.endswith(".rs") and not diag.source_file.endswith("error.rs"), diag.source_file
+    assert int(diag.source_line) > 0
