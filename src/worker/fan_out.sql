@@ -32,7 +32,9 @@ WITH ready AS (
        AND o.waiting_for IS NULL
        AND o.available_at OPERATOR(pg_catalog.<=) $1
        AND (o.available_at, o.id) OPERATOR(pg_catalog.>=) ($4, 0::pg_catalog.int8)
-       AND o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($2)
+       -- (A sub-select, hashed once per statement, as in src/claim/lock.sql; inside IS TRUE so
+       -- that the planner keeps it a filter of the ordered walk, not a join to reorder.)
+       AND (o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY (SELECT pg_catalog.unnest($2::pg_catalog.text[]))) IS TRUE
      ORDER BY o.available_at, o.id
      LIMIT $3
        FOR UPDATE SKIP LOCKED

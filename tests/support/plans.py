@@ -38,6 +38,15 @@ def nodes(plan):
         yield from nodes(child)
 
 
+def path(plan):
+    """The nodes rows flow through, without the sub-selects hung off them (a filter's hashed
+    SubPlan, an InitPlan), which run once per statement."""
+    yield plan
+    for child in plan.get("Plans", []):
+        if child.get("Parent Relationship") not in ("SubPlan", "InitPlan"):
+            yield from path(child)
+
+
 def find(plan, node_type):
     return [n for n in nodes(plan) if n["Node Type"] == node_type]
 
