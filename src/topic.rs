@@ -66,6 +66,26 @@ pub fn valid_argument(function: &'static str, argument: &'static str, topic: Opt
     topic.unwrap_or_default() // (require_valid raised for NULL)
 }
 
+/// The topic filter of the statements that walk the ready queue in order (src/claim/lock.sql,
+/// src/worker/fan_out.sql), as written there: a kept plan compares each row it walks past with
+/// every topic in turn.
+const TOPICS_MATCHED_IN_TURN: &str = "o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($2)";
+/// The same through a sub-select, which PostgreSQL hashes once per run (inside IS TRUE, so that
+/// the planner keeps it a filter of the ordered walk rather than a join).
+const TOPICS_MATCHED_BY_HASH: &str =
+    "(o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY (SELECT pg_catalog.unnest($2::pg_catalog.text[]))) IS TRUE";
+/// From this many topics on, the statements match them by hash: per row walked past, comparing
+/// with one or two topics costs less than a hash probe, and with four or more it costs more
+/// (side runs, bench/README.md); with thousands, comparing made a claim take seconds.
+pub const MANY_TOPICS: usize = 4;
+
+/// `sql` (one of the statements above) with its topic filter matched by hash, for [`MANY_TOPICS`]
+/// or more. Made once per process: the text is kept for good, as the statement's is.
+pub fn with_topics_matched_by_hash(sql: &'static str) -> &'static str {
+    assert_eq!(sql.matches(TOPICS_MATCHED_IN_TURN).count(), 1, "a statement with one topic filter");
+    Box::leak(sql.replacen(TOPICS_MATCHED_IN_TURN, TOPICS_MATCHED_BY_HASH, 1).into_boxed_str())
+}
+
 // The symbol names of these two are those pgrx gave them until 0.3.0: databases not yet
 // updated (ALTER EXTENSION outbox_ext UPDATE) call them by those names.
 
@@ -87,6 +107,16 @@ sql_function!(outbox_check_topic_wrapper, pg_finfo_outbox_check_topic_wrapper, |
 #[cfg(test)]
 mod unit_tests {
     use super::*;
+
+    #[test]
+    fn the_ready_queues_walks_match_many_topics_by_hash() {
+        for sql in [include_str!("claim/lock.sql"), include_str!("worker/fan_out.sql")] {
+            let hashed = with_topics_matched_by_hash(sql);
+            assert_eq!(hashed.matches(TOPICS_MATCHED_BY_HASH).count(), 1);
+            assert!(!hashed.contains(TOPICS_MATCHED_IN_TURN));
+            assert_eq!(hashed.replace(TOPICS_MATCHED_BY_HASH, TOPICS_MATCHED_IN_TURN), sql, "nothing else changed");
+        }
+    }
 
     #[test]
     fn accepts_event_names() {

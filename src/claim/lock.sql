@@ -6,19 +6,16 @@
 -- at the right places (the lower bound as a row comparison: a pair of inequalities on one
 -- column would be estimated as a narrow range, and the generic plan of a small table would then
 -- sort a sequential scan). Returns each row whole, its id, its attempts, whether a lease still
--- names a holder, and its available_at.
---
--- The topics are matched through a sub-select, which PostgreSQL hashes once per statement: a
--- kept plan's `= ANY ($2)` compares each row with every topic in turn, and the walk past other
--- topics' ready rows then cost rows × topics (1,000 topics behind 100,000 rows of another: 1.5 s
--- a claim; test_claim_plan.py).
+-- names a holder, and its available_at. With many topics the topic filter is matched by hash
+-- instead (src/topic.rs, with_topics_matched_by_hash: compared in turn, a claim of thousands of
+-- topics behind another topic's backlog took seconds).
 SELECT o, o.id, o.attempts, o.lease_token IS NOT NULL, o.available_at
   FROM ONLY @extschema@.outbox o
  WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
    AND o.waiting_for IS NULL
    AND o.available_at OPERATOR(pg_catalog.<=) $1
    AND (o.available_at, o.id) OPERATOR(pg_catalog.>=) ($4, 0::pg_catalog.int8)
-   AND ($2::pg_catalog.text[] IS NULL OR o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY (SELECT pg_catalog.unnest($2::pg_catalog.text[])))
+   AND ($2::pg_catalog.text[] IS NULL OR o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($2))
  ORDER BY o.available_at, o.id
  LIMIT $3
    FOR UPDATE SKIP LOCKED

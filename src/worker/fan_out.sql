@@ -1,12 +1,13 @@
--- The worker picks up ready messages of the topics it delivers ($2), oldest ready first, at
--- most $3, skipping rows a SQL consumer holds; $1 is the clock, $4 where its last pick-up found
--- the head of the queue (src/claim/head.rs; -infinity: from the start). Each gets one delivery per
--- subscription of its topic (parked while that one is disabled), which starts where the
--- message stood (its attempts and last error: a message that was backing off keeps its
--- schedule) and, with an ordering key, waits behind the endpoint's pending deliveries of
--- that key, if any (they have a head, the oldest, but while an operator's transaction holds
--- the next one: src/ordering). The message then waits for its deliveries (no claim takes it) and releases its
--- key: from here the order holds per endpoint.
+-- The worker picks up ready messages of the topics it delivers ($2: with many, matched by hash,
+-- src/topic.rs), oldest ready first, at most $3, skipping rows a SQL consumer holds; $1 is the
+-- clock, $4 where its last pick-up found the head of the queue (src/claim/head.rs; -infinity:
+-- from the start). Each gets one delivery per subscription of its topic (parked while that
+-- one is disabled), which starts where the message stood (its attempts and last error: a
+-- message that was backing off keeps its schedule) and, with an ordering key, waits behind
+-- the endpoint's pending deliveries of that key, if any (they have a head, the oldest, but
+-- while an operator's transaction holds the next one: src/ordering). The message then waits
+-- for its deliveries (no claim takes it) and releases its key: from here the order holds per
+-- endpoint.
 --
 -- A topic whose subscriptions an operator is changing (unsubscribing one, not yet committed,
 -- or removed since this statement's snapshot) is left alone, its messages untouched: the
@@ -32,9 +33,7 @@ WITH ready AS (
        AND o.waiting_for IS NULL
        AND o.available_at OPERATOR(pg_catalog.<=) $1
        AND (o.available_at, o.id) OPERATOR(pg_catalog.>=) ($4, 0::pg_catalog.int8)
-       -- (A sub-select, hashed once per statement, as in src/claim/lock.sql; inside IS TRUE so
-       -- that the planner keeps it a filter of the ordered walk, not a join to reorder.)
-       AND (o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY (SELECT pg_catalog.unnest($2::pg_catalog.text[]))) IS TRUE
+       AND o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($2)
      ORDER BY o.available_at, o.id
      LIMIT $3
        FOR UPDATE SKIP LOCKED
