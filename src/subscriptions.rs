@@ -8,11 +8,14 @@ use crate::settings;
 use crate::webhook::{self, destination};
 use pgrx::pg_sys;
 
-/// Headers the worker sets itself, and hop-by-hop headers that belong to the connection: a
-/// subscription may not set them (in any case).
-pub const RESERVED_HEADERS: [&str; 17] = [
+/// Headers the worker sets itself, headers that describe a body other than the one it sends
+/// (always JSON as stored, neither encoded nor partial), and hop-by-hop headers that belong to
+/// the connection: neither a subscription nor a message may set them (in any case).
+pub const RESERVED_HEADERS: [&str; 19] = [
     "content-type",
     "content-length",
+    "content-encoding",
+    "content-range",
     "host",
     "transfer-encoding",
     "connection",

@@ -98,17 +98,33 @@ impl Housekeeping {
         let rows = spi.execute(&UNSUBSCRIBED_TOPICS, schema, &[]);
         let orphans: Vec<(String, i64)> =
             (0..rows.len()).map(|row| (rows.get_text(row, 1).unwrap_or_default(), rows.get(row, 2).unwrap_or(0))).collect();
-        let known = if subscribed.is_empty() { "none".to_string() } else { subscribed.join(", ") };
+        let known = names_in_a_warning(subscribed);
         self.warned_about_topic.retain(|_, at| at.elapsed() < UNSUBSCRIBED_WARNING_INTERVAL);
         for (topic, pending) in orphans {
             if self.warned_about_topic.contains_key(&topic) {
                 continue;
             }
+            // (unsubscribed_topics.sql counts within a sample of the pending rows.)
+            let at_least = if pending >= UNSUBSCRIBED_SAMPLE_ROWS { "at least " } else { "" };
             pgrx::warning!(
-                "outbox_ext: no subscription for topic \"{topic}\": {pending} message(s) left pending (topics with subscriptions: {known})"
+                "outbox_ext: no subscription for topic \"{topic}\": {at_least}{pending} message(s) left pending (topics with subscriptions: {known})"
             );
             self.warned_about_topic.insert(topic, Instant::now());
         }
+    }
+}
+
+/// Rows of pending messages unsubscribed_topics.sql looks at, at most.
+const UNSUBSCRIBED_SAMPLE_ROWS: i64 = 10_000;
+/// Topic names a warning lists, at most: a database may have thousands of subscriptions.
+const NAMES_IN_A_WARNING: usize = 10;
+
+/// `names` for a log line: the first few, then how many more.
+fn names_in_a_warning(names: &[String]) -> String {
+    match names.len() {
+        0 => "none".to_string(),
+        n if n <= NAMES_IN_A_WARNING => names.join(", "),
+        n => format!("{} and {} more", names[..NAMES_IN_A_WARNING].join(", "), n - NAMES_IN_A_WARNING),
     }
 }
 
@@ -184,8 +200,17 @@ impl Batches {
 
 #[cfg(test)]
 mod unit_tests {
-    use super::due;
+    use super::{due, names_in_a_warning};
     use std::time::Duration;
+
+    #[test]
+    fn a_warning_lists_ten_topics_at_most_and_counts_the_rest() {
+        let names = |n: usize| (1..=n).map(|i| format!("t{i}")).collect::<Vec<_>>();
+        assert_eq!(names_in_a_warning(&[]), "none");
+        assert_eq!(names_in_a_warning(&names(2)), "t1, t2");
+        assert_eq!(names_in_a_warning(&names(10)), "t1, t2, t3, t4, t5, t6, t7, t8, t9, t10");
+        assert_eq!(names_in_a_warning(&names(2000)), "t1, t2, t3, t4, t5, t6, t7, t8, t9, t10 and 1990 more");
+    }
 
     #[test]
     fn a_step_is_due_at_first_then_once_per_interval() {
