@@ -347,18 +347,27 @@ BEGIN
            kd.endpoints, kd.endpoint_keys
       INTO requeued, keys, endpoints, endpoint_keys
       FROM keyed_deliveries kd;
+    -- The keys' locks, in one pass in the hashes' order, as every other taker of several keys
+    -- takes them (src/ordering/lock_keys.sql), so that none waits for another in a circle:
+    -- exclusively those of the requeued messages, which outbox_release_keys hands on below (it
+    -- finds them held); shared those of the requeued deliveries, held as a producer holds a key
+    -- it queues behind until this transaction ends, as outbox_redeliver does: meanwhile the
+    -- worker leaves the keys' newer messages alone, rather than make one the key's head at an
+    -- endpoint beside a requeued delivery (it waited for this commit, every endpoint with it,
+    -- and then failed on outbox_delivery_key_head_idx).
+    PERFORM CASE WHEN k.exclusive
+                 THEN pg_advisory_xact_lock('@extschema@.outbox'::regclass::oid::int4, k.hash)
+                 ELSE pg_advisory_xact_lock_shared('@extschema@.outbox'::regclass::oid::int4, k.hash) END
+       FROM (SELECT l.hash, bool_or(l.exclusive) AS exclusive
+               FROM (SELECT hashtext(m.key) AS hash, true AS exclusive FROM unnest(keys) AS m(key)
+                     UNION ALL
+                     SELECT hashtext(d.key), false FROM unnest(endpoint_keys) AS d(key)) l
+              GROUP BY l.hash
+              ORDER BY l.hash) k;
     IF keys IS NOT NULL THEN
         PERFORM @extschema@.outbox_release_keys(keys);
     END IF;
     IF endpoints IS NOT NULL THEN
-        -- The keys of the requeued deliveries, held as a producer holds a key it queues behind
-        -- (src/ordering) until this transaction ends, as outbox_redeliver does: meanwhile the
-        -- worker leaves the keys' newer messages alone, rather than make one the key's head at
-        -- an endpoint beside a requeued one (it waited for this commit, every endpoint with it,
-        -- and then failed on outbox_delivery_key_head_idx). (After outbox_release_keys, which
-        -- may have taken some of the same locks exclusively.)
-        PERFORM pg_advisory_xact_lock_shared('@extschema@.outbox'::regclass::oid::int4, k.hash)
-           FROM (SELECT DISTINCT hashtext(e.key) AS hash FROM unnest(endpoint_keys) AS e(key) ORDER BY 1) k;
         PERFORM @extschema@.outbox_release_delivery_keys(endpoints, endpoint_keys);
     END IF;
     IF requeued > 0 THEN

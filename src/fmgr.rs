@@ -115,6 +115,7 @@ impl Args {
     /// Refuses array argument `n` (of any element type) when it has more than one dimension
     /// (see [`require_one_dimension`]); for arrays not read through `text_array` or
     /// `jsonb_array`, which count the dimensions themselves.
+    #[track_caller]
     pub fn check_one_dimension(&self, n: usize, function: &'static str, argument: &'static str) {
         let Some(datum) = self.datum(n) else { return };
         // SAFETY: the caller names an argument declared as an array.

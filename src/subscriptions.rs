@@ -8,14 +8,16 @@ use crate::settings;
 use crate::webhook::{self, destination};
 use pgrx::pg_sys;
 
-/// Headers the worker sets itself, headers that describe a body other than the one it sends
-/// (always JSON as stored, neither encoded nor partial), and hop-by-hop headers that belong to
-/// the connection: neither a subscription nor a message may set them (in any case).
-pub const RESERVED_HEADERS: [&str; 19] = [
+/// Headers that would describe a body other than the one the worker sends (always the
+/// payload's JSON as stored, neither encoded nor partial): neither a subscription nor a message
+/// may set them (in any case).
+const DESCRIBING_ANOTHER_BODY: [&str; 2] = ["content-encoding", "content-range"];
+
+/// Headers the worker sets itself, and hop-by-hop headers that belong to the connection: a
+/// subscription may not set them (in any case).
+pub const RESERVED_HEADERS: [&str; 17] = [
     "content-type",
     "content-length",
-    "content-encoding",
-    "content-range",
     "host",
     "transfer-encoding",
     "connection",
@@ -100,6 +102,9 @@ pub fn check_headers(headers: &serde_json::Value) -> Result<(), Problem> {
             return Err(format!("has an invalid header name {name:?}").into());
         }
         let lowercase = name.to_ascii_lowercase();
+        if DESCRIBING_ANOTHER_BODY.contains(&lowercase.as_str()) {
+            return Err(format!("may not set {name:?}: the body sent is the payload's JSON as stored").into());
+        }
         if RESERVED_HEADERS.contains(&lowercase.as_str()) {
             return Err(format!("may not set {name:?}: the worker sets it").into());
         }
@@ -178,10 +183,12 @@ sql_function!(outbox_check_destination_c, pg_finfo_outbox_check_destination_c, |
     pg_sys::Datum::from(0)
 });
 
-/// The URL's host when it is a literal IP address (`[…]` for IPv6).
+/// The URL's host when it is a literal IP address (`[…]` for IPv6), in any form the worker's
+/// resolver reads as one (`0xa9fea9fe`).
 fn literal_address(url: &str) -> Option<std::net::IpAddr> {
     let uri: ureq::http::Uri = url.parse().ok()?;
-    uri.host()?.trim_start_matches('[').trim_end_matches(']').parse().ok()
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    host.parse().ok().or_else(|| destination::numeric_ipv4_host(host).map(std::net::IpAddr::V4))
 }
 
 // outbox_generate_secret() RETURNS text: a new random signing secret in the Standard Webhooks

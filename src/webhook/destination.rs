@@ -144,9 +144,70 @@ fn refused_v6(address: Ipv6Addr) -> bool {
         || first == 0x2002 && refused_v4(Ipv4Addr::from(((u128::from(address) >> 80) as u32).to_be_bytes()))
 }
 
+/// A host that names an IPv4 address the way the C library's `inet_aton` reads one, and so the
+/// worker's resolver: besides `a.b.c.d`, one to three parts whose last fills the remaining bits
+/// (`127.1`, `2852039166`), each part decimal, octal (a leading `0`) or hex (`0x`). Such a host
+/// is an address, not a name: `0xa9fea9fe` is 169.254.169.254.
+pub fn numeric_ipv4_host(host: &str) -> Option<Ipv4Addr> {
+    let parts: Vec<u32> = host.split('.').map(numeric_part).collect::<Option<_>>()?;
+    let (last, leading) = parts.split_last()?;
+    if leading.len() > 3 || leading.iter().any(|&part| part > 0xff) {
+        return None;
+    }
+    let last_bits = 32 - 8 * leading.len() as u32;
+    if last_bits < 32 && *last >> last_bits != 0 {
+        return None;
+    }
+    let high = leading.iter().fold(0u32, |address, &part| (address << 8) | part);
+    Some(Ipv4Addr::from(if leading.is_empty() { *last } else { (high << last_bits) | last }))
+}
+
+/// One part of [`numeric_ipv4_host`]: at most 32 bits.
+fn numeric_part(part: &str) -> Option<u32> {
+    let (digits, radix) = match part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None if part.len() > 1 && part.starts_with('0') => (&part[1..], 8),
+        None => (part, 10),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u32::from_str_radix(digits, radix).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hosts_the_resolver_reads_as_ipv4_addresses_are_addresses() {
+        let metadata = Some(Ipv4Addr::new(169, 254, 169, 254));
+        for host in ["169.254.169.254", "0xa9fea9fe", "0XA9FEA9FE", "2852039166", "0251.0376.0251.0376", "169.254.43518", "169.16689662"] {
+            assert_eq!(numeric_ipv4_host(host), metadata, "{host}");
+        }
+        assert_eq!(numeric_ipv4_host("127.1"), Some(Ipv4Addr::new(127, 0, 0, 1)));
+        assert_eq!(numeric_ipv4_host("0"), Some(Ipv4Addr::UNSPECIFIED));
+        for name in [
+            "",
+            ".",
+            "1.2.3.4.5",
+            "256.1.1.1",
+            "1.2.3.256",
+            "1.2.65536",
+            "4294967296",
+            "0x",
+            "08",
+            "0x1g",
+            "a.b.c.d",
+            "hooks.example.test",
+            "1..2",
+            "1.2.3.4.",
+            "-1",
+            "+1",
+        ] {
+            assert_eq!(numeric_ipv4_host(name), None, "{name}");
+        }
+    }
 
     fn allowed(list: &str) -> Vec<Network> {
         parse_allowed_networks(list).unwrap()

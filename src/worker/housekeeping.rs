@@ -98,14 +98,16 @@ impl Housekeeping {
         let rows = spi.execute(&UNSUBSCRIBED_TOPICS, schema, &[]);
         let orphans: Vec<(String, i64)> =
             (0..rows.len()).map(|row| (rows.get_text(row, 1).unwrap_or_default(), rows.get(row, 2).unwrap_or(0))).collect();
+        // (Counted within a sample of the pending rows: when the sample is full, a count is a
+        // lower bound.)
+        let sampled: i64 = if rows.is_empty() { 0 } else { rows.get(0, 3).unwrap_or(0) };
+        let at_least = if sampled >= UNSUBSCRIBED_SAMPLE_ROWS { "at least " } else { "" };
         let known = names_in_a_warning(subscribed);
         self.warned_about_topic.retain(|_, at| at.elapsed() < UNSUBSCRIBED_WARNING_INTERVAL);
         for (topic, pending) in orphans {
             if self.warned_about_topic.contains_key(&topic) {
                 continue;
             }
-            // (unsubscribed_topics.sql counts within a sample of the pending rows.)
-            let at_least = if pending >= UNSUBSCRIBED_SAMPLE_ROWS { "at least " } else { "" };
             pgrx::warning!(
                 "outbox_ext: no subscription for topic \"{topic}\": {at_least}{pending} message(s) left pending (topics with subscriptions: {known})"
             );

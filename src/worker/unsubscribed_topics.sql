@@ -2,9 +2,9 @@
 -- without any is used by SQL consumers alone: nothing to warn about). Judged against
 -- outbox_subscription in this statement's snapshot, not against the subscriptions the worker
 -- read a moment before: one committed in between, with messages of its topic, is not reported.
--- Bounded: it looks at no more than 10,000 pending rows (housekeeping.rs, UNSUBSCRIBED_SAMPLE_ROWS,
--- says "at least" when a count reaches it).
-SELECT p.topic::pg_catalog.text, pg_catalog.count(*)
+-- Bounded: it looks at no more than 10,000 pending rows; the third column says how many it
+-- looked at (housekeeping.rs, UNSUBSCRIBED_SAMPLE_ROWS: with all of them, counts are "at least").
+SELECT p.topic::pg_catalog.text, pg_catalog.count(*), pg_catalog.sum(pg_catalog.count(*)) OVER ()::pg_catalog.int8
   FROM (SELECT o.topic
           FROM ONLY @extschema@.outbox o
          WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status

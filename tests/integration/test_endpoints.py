@@ -357,6 +357,12 @@ def test_internal_destinations_are_refused_by_default_and_opened_by_the_setting(
     db.add_notice_handler(lambda diag: notices.append(diag.message_primary))
     metadata = db.execute("SELECT outbox_subscribe('cloud.probe', 'http://169.254.169.254/latest/meta-data')").fetchone()[0]
     assert any("destination 169.254.169.254 is not allowed (outbox.allowed_networks)" in n for n in notices), notices
+    # The same address written as the resolver also reads it (the C library's inet_aton): the
+    # worker refused it, but subscribing warned of nothing (a bad-input audit).
+    for disguised in ("0xa9fea9fe", "2852039166", "169.254.43518"):
+        notices.clear()
+        db.execute("SELECT outbox_subscribe('cloud.probe.disguised', %s)", (f"http://{disguised}/latest/meta-data",))
+        assert any("destination 169.254.169.254 is not allowed" in n for n in notices), (disguised, notices)
     # A host name that resolves to loopback: judged by the address it resolves to.
     assert socket.gethostbyname("localhost") == "127.0.0.1"
     local_url = f"http://localhost:{receiver.port}/hooks"
