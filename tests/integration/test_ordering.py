@@ -402,10 +402,14 @@ def test_a_requeue_not_yet_committed_holds_back_no_other_topic_and_keeps_the_key
         time.sleep(0.5)  # the worker picks it up, or tries to
         enqueue(db, "other.topic", 3)
         other.wait_for(1, timeout=5)
+        while_open = log.since()
         operator.commit()
     eventually(lambda: [json.loads(r["body"])["n"] for r in keyed.requests if r["status"] == 200] == [1, 2],
                timeout=10, what="the requeued message, then the newer one")
-    assert "delivery step failed" not in log.since()
+    # (A pick-up whose snapshot was taken in the instant before the commit, and whose try of
+    # the key's lock came just after it, can still fail once on that index, and is tried again
+    # 100 ms later: docs/worker.md.)
+    assert "delivery step failed" not in while_open
 
 
 def redelivering_the_queued_message_while_the_head_is_in_flight(db, keyed):

@@ -78,9 +78,13 @@ class Receiver:
                     "client_port": self.client_address[1],  # one per connection the sender opened
                 }
                 # Noted before the answer goes out: whoever acts on the answer (the worker records
-                # the delivery) must find the request here when it is done.
+                # the delivery) must find the request here when it is done. And no longer counted
+                # as in hand: a sender that got the answer may send its next request at once, and
+                # on a starved machine this thread could still be on its way to count the first
+                # one done when the next arrives (two "at once" that never were).
                 with receiver._changed:
                     receiver.requests.append(record)
+                    receiver.concurrent -= 1
                     receiver._changed.notify_all()
                 try:
                     if status == "cut":  # the connection dies in the middle of the answer
@@ -96,9 +100,6 @@ class Receiver:
                 except (BrokenPipeError, ConnectionResetError):
                     with receiver._changed:
                         record["status"] = "client gone"  # the sender timed out first
-                with receiver._changed:
-                    receiver.concurrent -= 1
-                    receiver._changed.notify_all()
                 if not receiver._quiet:
                     print(
                         f"receiver: {status} for {record['headers'].get('outbox-topic')} "
