@@ -30,8 +30,8 @@ def test_claim_uses_the_pending_index_without_sorting_and_ignores_done_history(d
 
     for plan in (before, after):
         # Selecting the ready rows: Limit <- LockRows (FOR UPDATE SKIP LOCKED) <- an ordered
-        # scan of the partial index, with no sort in between (the topics' sub-select, hashed
-        # once per statement, hangs off the scan's filter).
+        # scan of the partial index, with no sort in between (a sub-select hung off the scan's
+        # filter, as many topics' is, is not in the rows' path).
         [lock_rows] = find(plan["Plan"], "LockRows")
         selection = [n["Node Type"] for n in path(lock_rows)]
         assert selection == ["LockRows", "Index Scan"], selection
@@ -78,7 +78,8 @@ def test_a_claim_of_many_topics_behind_another_topics_backlog_costs_what_one_top
         return sorted(timings)[1]
 
     one = seconds(["t0"])
-    assert seconds(many) <= 10 * one + 0.5, (one, many)
+    of_many = seconds(many)
+    assert of_many <= 10 * one + 0.5, (one, of_many)
 
 
 def test_many_topics_are_hashed_even_by_a_plan_made_on_an_empty_table(db):
