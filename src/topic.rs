@@ -6,7 +6,10 @@
 
 use crate::error::{or_raise, Name, OutboxError};
 use crate::fmgr::{required, sql_function};
+use crate::spi::Statement;
 use pgrx::datum::IntoDatum;
+use pgrx::pg_sys;
+use std::sync::OnceLock;
 
 /// The length of the `topic varchar(64)` column.
 pub const MAX_TOPIC_CHARS: usize = 64;
@@ -81,9 +84,30 @@ pub const MANY_TOPICS: usize = 4;
 
 /// `sql` (one of the statements above) with its topic filter matched by hash, for [`MANY_TOPICS`]
 /// or more. Made once per process: the text is kept for good, as the statement's is.
-pub fn with_topics_matched_by_hash(sql: &'static str) -> &'static str {
+fn with_topics_matched_by_hash(sql: &'static str) -> &'static str {
     assert_eq!(sql.matches(TOPICS_MATCHED_IN_TURN).count(), 1, "a statement with one topic filter");
     Box::leak(sql.replacen(TOPICS_MATCHED_IN_TURN, TOPICS_MATCHED_BY_HASH, 1).into_boxed_str())
+}
+
+/// A statement that walks the ready queue in order for a list of topics ($2), in the two forms
+/// above: the one to run for a number of topics is [`WalkOfTopics::for_topics`].
+pub struct WalkOfTopics {
+    in_turn: Statement,
+    by_hash: OnceLock<Statement>,
+}
+
+impl WalkOfTopics {
+    pub const fn new(sql: &'static str, parameter_types: &'static [pg_sys::BuiltinOid]) -> Self {
+        WalkOfTopics { in_turn: Statement::new(sql, parameter_types), by_hash: OnceLock::new() }
+    }
+
+    /// The form for `count` topics (0: all topics, no list).
+    pub fn for_topics(&'static self, count: usize) -> &'static Statement {
+        if count < MANY_TOPICS {
+            return &self.in_turn;
+        }
+        self.by_hash.get_or_init(|| Statement::new(with_topics_matched_by_hash(self.in_turn.sql), self.in_turn.parameter_types))
+    }
 }
 
 // The symbol names of these two are those pgrx gave them until 0.3.0: databases not yet

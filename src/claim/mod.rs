@@ -20,7 +20,6 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::HashMap;
-use std::sync::LazyLock;
 use std::time::Instant;
 
 thread_local! {
@@ -31,9 +30,8 @@ thread_local! {
 /// The largest batch one call may claim.
 pub const MAX_BATCH_SIZE: i32 = 10_000;
 
-static LOCK: Statement = Statement::new(include_str!("lock.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID]);
-static LOCK_OF_MANY_TOPICS: LazyLock<Statement> =
-    LazyLock::new(|| Statement::new(topic::with_topics_matched_by_hash(LOCK.sql), LOCK.parameter_types));
+static LOCK: topic::WalkOfTopics =
+    topic::WalkOfTopics::new(include_str!("lock.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease.sql"), &[INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
 static TAKE_OVER_EXPIRED_LEASE: Statement = Statement::new(include_str!("take_over_expired_lease.sql"), &[INT8ARRAYOID]);
@@ -83,7 +81,7 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     let schema = schema_of_function(args.fcinfo());
     let mut result = SetResult::begin(&args);
     let mut spi = Spi::connect();
-    let lock = if topics.as_ref().is_some_and(|topics| topics.len() >= topic::MANY_TOPICS) { &*LOCK_OF_MANY_TOPICS } else { &LOCK };
+    let lock = LOCK.for_topics(topics.as_ref().map_or(0, Vec::len));
     let rows = spi.execute(lock, schema, &[Some(claimed_at), args.datum(1), batch_size.into_datum(), Some(start_from.into())]);
     // The oldest locked message's available_at (microseconds).
     let first: Option<i64> = (!rows.is_empty()).then(|| rows.get(0, 5).expect("available_at"));

@@ -13,13 +13,13 @@ use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::collections::BTreeSet;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Instant;
 
-static FAN_OUT: Statement =
-    Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID]);
-static FAN_OUT_OF_MANY_TOPICS: LazyLock<Statement> =
-    LazyLock::new(|| Statement::new(crate::topic::with_topics_matched_by_hash(FAN_OUT.sql), FAN_OUT.parameter_types));
+static FAN_OUT: crate::topic::WalkOfTopics = crate::topic::WalkOfTopics::new(
+    include_str!("fan_out.sql"),
+    &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID],
+);
 static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
@@ -48,7 +48,7 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
         return false;
     }
     // Read from where the last pick-up of these topics found the head (src/claim/head.rs).
-    let fan_out = if topics.len() >= crate::topic::MANY_TOPICS { &*FAN_OUT_OF_MANY_TOPICS } else { &FAN_OUT };
+    let fan_out = FAN_OUT.for_topics(topics.len());
     let topics = Some(topics);
     let start_from = endpoints.fan_out_head.start(&topics, started);
     let rows = spi.execute(
