@@ -70,7 +70,7 @@ pub fn valid_argument(function: &'static str, argument: &'static str, topic: Opt
 }
 
 /// The topic filter of the statements that walk the ready queue in order (src/claim/lock.sql,
-/// src/worker/fan_out.sql), as written there: a kept plan compares each row it walks past with
+/// src/worker/pick_up.sql), as written there: a kept plan compares each row it walks past with
 /// every topic in turn.
 const TOPICS_MATCHED_IN_TURN: &str = "o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($2)";
 /// The same through a sub-select, which PostgreSQL hashes once per run (inside IS TRUE, so that
@@ -134,7 +134,7 @@ mod unit_tests {
 
     #[test]
     fn the_ready_queues_walks_match_many_topics_by_hash() {
-        for sql in [include_str!("claim/lock.sql"), include_str!("worker/fan_out.sql")] {
+        for sql in [include_str!("claim/lock.sql"), include_str!("worker/pick_up.sql")] {
             let hashed = with_topics_matched_by_hash(sql);
             assert_eq!(hashed.matches(TOPICS_MATCHED_BY_HASH).count(), 1);
             assert!(!hashed.contains(TOPICS_MATCHED_IN_TURN));

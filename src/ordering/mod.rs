@@ -73,7 +73,7 @@ pub fn hold_key_in_read_committed(schema: pg_sys::Oid, key: pg_sys::Datum) -> bo
 /// The first half of the tag of every key's advisory lock: outbox's oid as an int4, as SQL's
 /// `'outbox'::regclass::oid::int4` makes it (the same bits). Passed to lock_keys.sql as a value:
 /// a statement must not name the schema inside a literal, where a schema renamed to a name with
-/// a quote would end the literal. (The worker's pick-up tries the keys' locks: fan_out.sql.)
+/// a quote would end the literal. (The worker's pick-up tries the keys' locks: pick_up.sql.)
 pub fn key_lock_space(schema: pg_sys::Oid) -> i32 {
     u32::from(crate::spi::outbox_relation(schema)) as i32
 }

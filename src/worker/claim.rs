@@ -16,10 +16,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-static FAN_OUT: crate::topic::WalkOfTopics = crate::topic::WalkOfTopics::new(
-    include_str!("fan_out.sql"),
+static PICK_UP: crate::topic::WalkOfTopics = crate::topic::WalkOfTopics::new(
+    include_str!("pick_up.sql"),
     &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID],
 );
+static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, INT8ARRAYOID]);
 static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
@@ -48,11 +49,13 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
         return false;
     }
     // Read from where the last pick-up of these topics found the head (src/claim/head.rs).
-    let fan_out = FAN_OUT.for_topics(topics.len());
+    let pick_up = PICK_UP.for_topics(topics.len());
     let topics = Some(topics);
     let start_from = endpoints.fan_out_head.start(&topics, started);
+    // Lock the messages and their ordering keys first; their deliveries are made by a second
+    // statement, whose snapshot sees every head made before those keys were locked.
     let rows = spi.execute(
-        fan_out,
+        pick_up,
         schema,
         &[
             Some(pg_sys::Datum::from(now)),
@@ -63,25 +66,28 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
             endpoints.held_back_keys.to_wait_for(started).into_datum(),
         ],
     );
-    endpoints.fan_out_head.found(&topics, start_from, now, rows.get(0, 4), started);
-    endpoints.held_back_topics.hold(rows.get_text_array(0, 5), started);
+    endpoints.fan_out_head.found(&topics, start_from, now, rows.get(0, 2), started);
     let locked: i64 = rows.get(0, 1).unwrap_or(0);
-    let picked_up: i64 = rows.get(0, 6).unwrap_or(0);
+    let picked: Vec<i64> = rows.get(0, 3).unwrap_or_default();
     let keys_left_alone: Vec<(String, i64)> =
-        rows.get_text_array(0, 7).into_iter().zip(rows.get::<Vec<i64>>(0, 8).unwrap_or_default()).collect();
+        rows.get_text_array(0, 4).into_iter().zip(rows.get::<Vec<i64>>(0, 5).unwrap_or_default()).collect();
     if !keys_left_alone.is_empty() {
         endpoints.held_back_topics.hold_keyed(started); // their producers wake the worker too
     }
     endpoints.held_back_keys.left_alone(keys_left_alone, started);
-    for id in rows.get::<Vec<i64>>(0, 2).unwrap_or_default() {
+    if picked.is_empty() {
+        return false; // (a full batch of messages whose keys are held is not "more ready")
+    }
+    let rows = spi.execute(&FAN_OUT, schema, &[Some(pg_sys::Datum::from(now)), picked.into_datum()]);
+    for id in rows.get::<Vec<i64>>(0, 1).unwrap_or_default() {
         if let Some(state) = endpoints.by_id.get_mut(&id) {
             state.due_now = true;
         }
     }
-    let released_keys = rows.datum(0, 3);
+    let released_keys = rows.datum(0, 2);
+    endpoints.held_back_topics.hold(rows.get_text_array(0, 3), started);
     ordering::release_message_keys(spi, schema, released_keys);
-    // (A full batch of messages whose keys are held is not "more ready": tried again later.)
-    (locked == i64::from(batch) && picked_up > 0) || released_keys.is_some()
+    locked == i64::from(batch) || released_keys.is_some()
 }
 
 /// What an endpoint may take in one claim.

@@ -1,7 +1,6 @@
--- The worker picks up ready messages of the topics it delivers ($2: with many, matched by hash,
--- src/topic.rs), oldest ready first, at most $3, skipping rows a SQL consumer holds; $1 is the
--- clock, $4 where its last pick-up found the head of the queue (src/claim/head.rs; -infinity:
--- from the start). Each gets one delivery per subscription of its topic (parked while that
+-- The worker's pick-up, second statement: it makes the deliveries of the messages $2 that
+-- pick_up.sql locked (their ordering keys locked too), at the clock $1, in a snapshot taken
+-- after those locks. Each gets one delivery per subscription of its topic (parked while that
 -- one is disabled), which starts where the message stood (its attempts and last error: a
 -- message that was backing off keeps its schedule) and, with an ordering key, waits behind
 -- the endpoint's pending deliveries of that key, if any (they have a head, the oldest, but
@@ -15,43 +14,12 @@
 -- (holding back every topic) and then fail the statement, and one subscribed again in the same
 -- transaction is not in the snapshot yet. The worker tries such topics again shortly.
 --
--- A message whose ordering key a producer's open transaction holds (queuing a message behind
--- it: src/ordering) is left alone too: handing its key on waits for that commit, to see the new
--- message, and the worker would wait with its whole step. Its key's advisory lock ($5, the tag's
--- first half) is tried here and kept until the step ends (src/ordering releases the keys),
--- except for the keys $6, left alone for long enough while producers kept committing to them
--- (held_back.rs, KEY_PATIENCE): those are waited for, as src/ordering does.
---
--- Returns how many messages it locked, the endpoints that got new deliveries, the ordering
--- keys released (for src/ordering), the oldest locked's available_at, the topics left alone,
--- how many messages it picked up (those locked less those whose key was held), and the keys
--- left alone with the newest message queued behind each (0: none).
-WITH ready AS (
-    SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key, o.available_at
+-- Returns the endpoints that got new deliveries, the ordering keys released (for
+-- src/ordering) and the topics left alone.
+WITH picked AS MATERIALIZED (
+    SELECT o.id, o.topic, o.attempts, o.last_error, o.ordering_key
       FROM ONLY @extschema@.outbox o
-     WHERE o.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
-       AND o.waiting_for IS NULL
-       AND o.available_at OPERATOR(pg_catalog.<=) $1
-       AND (o.available_at, o.id) OPERATOR(pg_catalog.>=) ($4, 0::pg_catalog.int8)
-       AND o.topic::pg_catalog.text OPERATOR(pg_catalog.=) ANY ($2)
-     ORDER BY o.available_at, o.id
-     LIMIT $3
-       FOR UPDATE SKIP LOCKED
-), picked AS MATERIALIZED (
-    SELECT r.*
-      FROM ready r
-     WHERE CASE WHEN r.ordering_key IS NULL OR r.ordering_key OPERATOR(pg_catalog.=) ANY ($6) THEN true
-                ELSE pg_catalog.pg_try_advisory_xact_lock($5, pg_catalog.hashtext(r.ordering_key)) END
-), left_alone AS MATERIALIZED (
-    SELECT r.id, r.ordering_key,
-           COALESCE((SELECT pg_catalog.max(q.id)
-                       FROM ONLY @extschema@.outbox q
-                      WHERE q.ordering_key OPERATOR(pg_catalog.=) r.ordering_key
-                        AND q.status OPERATOR(pg_catalog.=) 'PENDING'::@extschema@.outbox_status
-                        AND q.waiting_for OPERATOR(pg_catalog.=) 'ordering_key'::@extschema@.outbox_wait), 0) AS newest
-      FROM ready r
-     WHERE r.ordering_key IS NOT NULL
-       AND NOT EXISTS (SELECT FROM picked p WHERE p.id OPERATOR(pg_catalog.=) r.id)
+     WHERE o.id OPERATOR(pg_catalog.=) ANY ($2)
 ), ready_topics AS MATERIALIZED (
     SELECT ARRAY(SELECT DISTINCT r.topic::pg_catalog.text FROM picked r) AS topics
 ), held AS MATERIALIZED (
@@ -99,7 +67,7 @@ WITH ready AS (
     RETURNING d.message_id, d.subscription_id
 ), waiting AS (
     -- (The ids as an array: joined to the CTE, the plan kept for the session, which cannot know
-    -- how many rows LIMIT $3 lets through, hashed the whole table.)
+    -- how many ids $2 holds, hashed the whole table.)
     UPDATE ONLY @extschema@.outbox o
        SET waiting_for = 'deliveries'::@extschema@.outbox_wait, lease_token = NULL
      WHERE o.id OPERATOR(pg_catalog.=) ANY (ARRAY(
@@ -112,11 +80,6 @@ WITH ready AS (
                        OR (SELECT true FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id OPERATOR(pg_catalog.=) r.id LIMIT 1))))
     RETURNING o.ordering_key
 )
-SELECT (SELECT pg_catalog.count(*) FROM ready),
-       ARRAY(SELECT DISTINCT m.subscription_id FROM made m),
+SELECT ARRAY(SELECT DISTINCT m.subscription_id FROM made m),
        (SELECT pg_catalog.array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL) FROM waiting w),
-       (SELECT pg_catalog.min(r.available_at) FROM ready r),
-       (SELECT u.topics FROM unsettled u),
-       (SELECT pg_catalog.count(*) FROM picked),
-       ARRAY(SELECT l.ordering_key::pg_catalog.text FROM left_alone l ORDER BY l.id),
-       ARRAY(SELECT l.newest FROM left_alone l ORDER BY l.id)
+       (SELECT u.topics FROM unsettled u)

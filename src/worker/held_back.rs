@@ -65,7 +65,7 @@ impl HeldBackTopics {
 }
 
 /// How long the pick-up leaves alone a message whose ordering key producers keep holding
-/// (fan_out.sql), committing new messages of the key meanwhile, before it waits for the key as
+/// (pick_up.sql), committing new messages of the key meanwhile, before it waits for the key as
 /// every other releaser does: producers whose transactions overlap, each beginning before the
 /// last one ends, would otherwise keep the key from being handed on for good. (The wait queues
 /// the worker ahead of the producers that come after it.) A key that no producer commits to

@@ -103,6 +103,52 @@ INSERT INTO outbox (topic, payload, status, attempts, available_at, processed_at
 STATE = "SELECT id, public_id, topic, payload, status, attempts, last_error, dedupe_key, lease_token IS NOT NULL FROM outbox ORDER BY id"
 
 
+class PausedAt:
+    """Stops a server process at its next call of the C function `function` (a debugger's
+    breakpoint), so that a test can do something at exactly that moment, then lets it go on:
+
+        with PausedAt(pid, "pg_try_advisory_xact_lock_int4") as paused:
+            paused.wait()        # the process is inside that call now
+            ...                  # what must happen at that moment
+        # the process goes on
+
+    For a race of a few microseconds that sleeps cannot place. Needs gdb (on every machine
+    this project builds on) and the right to trace the process (root, as the tests run)."""
+
+    def __init__(self, pid: int, function: str, timeout: float = 30.0):
+        import subprocess
+        import tempfile
+
+        self.timeout = timeout
+        self.signals = pathlib.Path(tempfile.mkdtemp(prefix="outbox-paused-"))
+        stopped, go = self.signals / "stopped", self.signals / "go"
+        commands = ["set pagination off", "set confirm off", f"break {function}", "continue",
+                    f"shell touch {stopped}", f"shell while [ ! -e {go} ]; do sleep 0.02; done",
+                    "delete", "detach", "quit"]
+        arguments = ["gdb", "--nx", "--batch", "-p", str(pid)]
+        for command in commands:
+            arguments += ["-ex", command]
+        self.stopped, self.go = stopped, go
+        self.gdb = subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def __enter__(self):
+        return self
+
+    def wait(self):
+        """Returns once the process is stopped in the function."""
+        deadline = time.monotonic() + self.timeout
+        while not self.stopped.exists():
+            if self.gdb.poll() is not None or time.monotonic() > deadline:
+                self.gdb.kill()
+                raise AssertionError(f"the process never called the function: {self.gdb.communicate()[0]}")
+            time.sleep(0.02)
+
+    def __exit__(self, *_):
+        self.go.touch()
+        output = self.gdb.communicate(timeout=self.timeout)[0]
+        assert self.gdb.returncode == 0, output
+
+
 def cpu_seconds(pid) -> float:
     """The CPU time a server process has used so far (user and system), from /proc: what tests
     of a worker that must sleep while it waits read."""
