@@ -77,6 +77,13 @@ pub fn check_url(url: &str) -> Result<(), Problem> {
     if host.is_empty() {
         return Err("must name a host".into());
     }
+    if !authority.starts_with('[') && !is_host_name(host) {
+        return Err(format!(
+            "has {host:?}, which is not a host name (labels of 1 to 63 letters, digits, hyphens or underscores, \
+             separated by dots, 253 characters in all)"
+        )
+        .into());
+    }
     if let Some(port) = port {
         match port.parse::<u32>() {
             Ok(1..=65535) => {}
@@ -85,6 +92,15 @@ pub fn check_url(url: &str) -> Result<(), Problem> {
     }
     url.parse::<ureq::http::Uri>().map_err(|e| format!("is not a valid URL: {e}"))?;
     Ok(())
+}
+
+/// Whether `host` can be looked up in DNS (RFC 1035's limits; underscores too, as resolvers
+/// take them), with a final dot or without. A name that cannot fails every attempt, in DNS.
+fn is_host_name(host: &str) -> bool {
+    let name = host.strip_suffix('.').unwrap_or(host);
+    let label_ok =
+        |label: &str| (1..=63).contains(&label.len()) && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    name.len() <= 253 && name.split('.').all(label_ok)
 }
 
 /// Extra headers: a JSON object of at most 16 string values (8 KiB in all) with valid header
@@ -247,6 +263,29 @@ mod unit_tests {
             assert!(check_url(url).is_err(), "{url}");
         }
         assert!(check_url(&format!("https://example.com/{}", "a".repeat(3000))).is_err());
+    }
+
+    #[test]
+    fn refuses_hosts_no_resolver_can_look_up() {
+        // Accepted before, each failed at every attempt, in DNS, until the message was dead.
+        let label = "a".repeat(63);
+        let long_name = [label.as_str(); 4].join("."); // 255 characters
+        for url in ["http://a..b/", "http://.example.com/", "http://%65xample.com/", "http://exa$mple.com/", "http://example.com../"] {
+            let why = check_url(url).unwrap_err().to_string();
+            assert!(why.contains("is not a host name"), "{url}: {why}");
+        }
+        assert!(check_url(&format!("http://{label}a.example/")).is_err(), "a label of 64 characters");
+        assert!(check_url(&format!("http://{long_name}/")).is_err(), "a name of 255 characters");
+        for url in [
+            format!("http://{label}.example/"),
+            format!("http://{}/", &long_name[..253]),
+            "http://my_service.internal:8080/".to_string(),
+            "https://example.com./hooks".to_string(),
+            "http://0xa9fea9fe/".to_string(), // (an address: the worker's resolver refuses it, not this check)
+            "http://xn--bcher-kva.example/".to_string(),
+        ] {
+            assert_eq!(check_url(&url), Ok(()), "{url}");
+        }
     }
 
     #[test]

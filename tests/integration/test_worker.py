@@ -547,7 +547,8 @@ def test_only_administrators_manage_subscriptions(worker):
 
 @pytest.mark.parametrize(
     "url",
-    ["ftp://example.test/x", "file:///etc/passwd", "example.test/hook", "http://", "https://u:p@example.test/", "http://a b/"],
+    ["ftp://example.test/x", "file:///etc/passwd", "example.test/hook", "http://", "https://u:p@example.test/", "http://a b/",
+     "http://hooks..example.test/", "http://%68ooks.example.test/", "http://" + "h" * 64 + ".example.test/"],
 )
 def test_subscriptions_refuse_urls_that_are_not_http_endpoints(db, url):
     with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
