@@ -136,8 +136,13 @@ pub fn schema_of_function(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
 
 /// The oid of the table `outbox` in the extension's `schema` (InvalidOid when it is not there).
 pub fn outbox_relation(schema: pg_sys::Oid) -> pg_sys::Oid {
+    relation(schema, c"outbox")
+}
+
+/// The oid of the relation `name` in the extension's `schema` (InvalidOid when it is not there).
+pub fn relation(schema: pg_sys::Oid, name: &std::ffi::CStr) -> pg_sys::Oid {
     // SAFETY: a catalog lookup by name in a namespace, in a transaction.
-    unsafe { pg_sys::get_relname_relid(c"outbox".as_ptr(), schema) }
+    unsafe { pg_sys::get_relname_relid(name.as_ptr(), schema) }
 }
 
 static EXTENSION_VERSION: Statement = Statement::new(include_str!("extension_version.sql"), &[]);

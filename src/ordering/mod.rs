@@ -28,6 +28,8 @@ static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messag
 static STEP_BACK_NEWER_HEADS: Statement = Statement::new(include_str!("step_back_newer_heads.sql"), &[TEXTARRAYOID]);
 static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
 static LOCK_QUEUED_DELIVERIES: Statement = Statement::new(include_str!("lock_queued_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
+static LOCK_ENDPOINTS_KEYS: Statement = Statement::new(include_str!("lock_endpoints_keys.sql"), &[INT8ARRAYOID, TEXTARRAYOID, INT4OID]);
+static TRY_ENDPOINTS_KEYS: Statement = Statement::new(include_str!("try_endpoints_keys.sql"), &[INT8ARRAYOID, TEXTARRAYOID, INT4OID]);
 
 /// Before a producer adds messages to ordering key `key` (a text datum) in this transaction:
 /// whoever ends the key's head from now on waits for this transaction, then sees what it added
@@ -111,23 +113,67 @@ sql_function!(outbox_release_keys_c, pg_finfo_outbox_release_keys_c, |args| {
     released.into_datum().unwrap()
 });
 
+/// The first half of the tag of the advisory lock of an endpoint's keys (lock_endpoints_keys.sql):
+/// outbox_delivery's oid as an int4.
+fn endpoints_keys_lock_space(schema: pg_sys::Oid) -> i32 {
+    u32::from(crate::spi::relation(schema, c"outbox_delivery")) as i32
+}
+
+/// How a hand-on of keys at endpoints takes the lock of each endpoint's keys
+/// (lock_endpoints_keys.sql).
+#[derive(Clone, Copy)]
+pub enum Taking {
+    /// Waits for whoever holds it: the operators' functions.
+    Wait,
+    /// Leaves the endpoint's keys as held: the worker, which comes back to them.
+    Try,
+}
+
 /// After deliveries ended (`endpoints` and `keys` pairwise, as bigint[] and text[] datums; `None`
 /// when none had a key): per endpoint and key, the next delivery becomes claimable. Returns how
 /// many did, and the keys whose next delivery another transaction holds (an operator's
-/// redelivery not yet committed), as (endpoint, key), left as they are rather than waited for:
-/// release them again later.
+/// redelivery not yet committed), or, [`Taking::Try`], at endpoints where another transaction
+/// hands on keys (an operator's requeue not yet committed), as (endpoint, key), left as they are
+/// rather than waited for: release them again later.
 pub fn release_delivery_keys(
     spi: &mut Spi,
     schema: pg_sys::Oid,
     endpoints: Option<pg_sys::Datum>,
     keys: Option<pg_sys::Datum>,
+    taking: Taking,
 ) -> (i32, Vec<(i64, String)>) {
     if endpoints.is_none() || keys.is_none() {
         return (0, Vec::new());
     }
+    // The locks first: the hand-on's snapshot, taken after them, sees every head made by whoever
+    // held them before.
+    let space = Some(pg_sys::Datum::from(endpoints_keys_lock_space(schema)));
+    let (endpoints, keys, mut held) = match taking {
+        Taking::Wait => {
+            spi.execute(&LOCK_ENDPOINTS_KEYS, schema, &[endpoints, keys, space]);
+            (endpoints, keys, Vec::new())
+        }
+        Taking::Try => {
+            let tried = spi.execute(&TRY_ENDPOINTS_KEYS, schema, &[endpoints, keys, space]);
+            let (mut got, mut held) = (Vec::new(), Vec::new());
+            for row in 0..tried.len() {
+                let pair: (i64, String) = (tried.get(row, 1).expect("endpoint"), tried.get_text(row, 2).expect("key"));
+                if tried.get::<bool>(row, 3).unwrap_or(false) {
+                    got.push(pair)
+                } else {
+                    held.push(pair)
+                }
+            }
+            if got.is_empty() {
+                return (0, held);
+            }
+            let (endpoints, keys): (Vec<i64>, Vec<String>) = got.into_iter().unzip();
+            (endpoints.into_datum(), keys.into_datum(), held)
+        }
+    };
     let rows = spi.execute_seeing_latest_commits(&RELEASE_DELIVERIES, schema, &[endpoints, keys]);
     let held_endpoints = rows.get::<Vec<i64>>(0, 2).unwrap_or_default();
-    let held = held_endpoints.into_iter().zip(rows.get_text_array(0, 3)).collect();
+    held.extend(held_endpoints.into_iter().zip(rows.get_text_array(0, 3)));
     (rows.get::<i32>(0, 1).unwrap_or(0), held)
 }
 
@@ -137,12 +183,12 @@ pub fn release_delivery_keys(
 sql_function!(outbox_release_delivery_keys_c, pg_finfo_outbox_release_delivery_keys_c, |args| {
     let schema = schema_of_function(args.fcinfo());
     let mut spi = Spi::connect();
-    let (mut released, mut held) = release_delivery_keys(&mut spi, schema, args.datum(0), args.datum(1));
+    let (mut released, mut held) = release_delivery_keys(&mut spi, schema, args.datum(0), args.datum(1), Taking::Wait);
     while !held.is_empty() {
         let (endpoints, keys): (Vec<i64>, Vec<String>) = held.into_iter().unzip();
         let (endpoints, keys) = (endpoints.into_datum(), keys.into_datum());
         spi.execute_seeing_latest_commits(&LOCK_QUEUED_DELIVERIES, schema, &[endpoints, keys]);
-        let (more, still_held) = release_delivery_keys(&mut spi, schema, endpoints, keys);
+        let (more, still_held) = release_delivery_keys(&mut spi, schema, endpoints, keys, Taking::Wait);
         released += more;
         held = still_held;
     }

@@ -192,7 +192,7 @@ fn release_keys(
     keys: Option<pg_sys::Datum>,
     held: &mut HeldBack<(i64, String)>,
 ) {
-    let (_, held_now) = ordering::release_delivery_keys(spi, schema, endpoints, keys);
+    let (_, held_now) = ordering::release_delivery_keys(spi, schema, endpoints, keys, ordering::Taking::Try);
     held.hold(held_now, Instant::now());
 }
 

@@ -381,6 +381,18 @@ def test_a_redelivery_not_yet_committed_holds_back_no_other_topic_and_keeps_the_
     assert "delivery step failed" not in log.since()
 
 
+def a_dead_keyed_message(db, keyed, n):
+    """Message `n` of key booking:42, dead at `keyed`'s endpoint (subscribed to booking.created),
+    which answers 200 from then on. Returns its id."""
+    keyed.answer_by_default(500)
+    db.execute("SELECT outbox_subscribe('booking.created', %s)", (keyed.url,))
+    dead = enqueue(db, "booking.created", n, "booking:42")
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (dead,)).fetchone()[0] == "DEAD",
+               what="the first message dead at its endpoint")
+    keyed.answer_by_default(200)
+    return dead
+
+
 def test_a_requeue_not_yet_committed_holds_back_no_other_topic_and_keeps_the_keys_order(fast_worker, receivers):
     """Requeuing a dead keyed delivery makes it the key's head at the endpoint again, as a
     redelivery does. Before it committed, the worker making a newer message of that key the
@@ -388,13 +400,8 @@ def test_a_requeue_not_yet_committed_holds_back_no_other_topic_and_keeps_the_key
     one-head-per-key index: outbox_requeue_dead did not hold the key as outbox_redeliver does."""
     db = fast_worker
     keyed, other = receivers(), receivers()
-    keyed.answer_by_default(500)
-    db.execute("SELECT outbox_subscribe('booking.created', %s)", (keyed.url,))
     db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
-    first = enqueue(db, "booking.created", 1, "booking:42")
-    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (first,)).fetchone()[0] == "DEAD",
-               what="the first message dead at its endpoint")
-    keyed.answer_by_default(200)
+    first = a_dead_keyed_message(db, keyed, 1)
     log = ServerLog()
     with connect() as operator:
         assert operator.execute("SELECT outbox_requeue(%s::bigint)", (first,)).fetchone()[0] == 1  # not committed yet
@@ -418,12 +425,7 @@ def test_a_requeue_that_commits_while_a_pick_up_tries_its_key_fails_no_step(fast
     at its try of the lock while the requeue commits, to place the commit in that instant."""
     db = fast_worker
     keyed = receivers()
-    keyed.answer_by_default(500)
-    db.execute("SELECT outbox_subscribe('booking.created', %s)", (keyed.url,))
-    first = enqueue(db, "booking.created", 1, "booking:42")
-    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (first,)).fetchone()[0] == "DEAD",
-               what="the first message dead at its endpoint")
-    keyed.answer_by_default(200)
+    first = a_dead_keyed_message(db, keyed, 1)
     log = ServerLog()
     with connect() as operator:
         assert operator.execute("SELECT outbox_requeue(%s::bigint)", (first,)).fetchone()[0] == 1  # not committed yet
@@ -476,6 +478,43 @@ def test_a_redelivery_not_yet_committed_holds_back_no_other_endpoint_when_the_ke
         operator.commit()
     keyed.wait_for(3, timeout=5)
     assert [json.loads(r["body"])["n"] for r in keyed.requests] == [1, 2, 4]
+    assert "delivery step failed" not in log.since()
+
+
+def test_a_requeue_and_the_workers_hand_on_of_one_key_at_one_endpoint_make_one_head(fast_worker, receivers):
+    """Both hand on a key at an endpoint where it has no claimable delivery: the worker after a
+    redelivery that held the key's next delivery commits, an operator's requeue of a dead
+    delivery of the key. Each made a different delivery the head; the worker's one waited for
+    the requeue's commit on the one-head-per-key index, with its whole step (every endpoint's),
+    and then failed (stop 48's race). Now whoever hands on a key at an endpoint holds it there
+    until its commit, and the worker leaves it for later rather than wait."""
+    db = fast_worker
+    keyed, other = receivers(), receivers()
+    db.execute("SELECT outbox_subscribe('other.topic', %s)", (other.url,))
+    dead = a_dead_keyed_message(db, keyed, 0)
+    log = ServerLog()
+    redelivery, _ = redelivering_the_queued_message_while_the_head_is_in_flight(db, keyed)
+    with redelivery, connect() as requeue:
+        eventually(lambda: 1 in [json.loads(r["body"])["n"] for r in keyed.requests], timeout=5,
+                   what="the head's answer: the worker ends it, and leaves the key for the redelivery")
+        time.sleep(0.3)
+        # The key has no claimable delivery at the endpoint: the requeue hands it on there, once
+        # the redelivery, which holds the key there too, has committed (before, at once).
+        requeued = []
+        requeuing = threading.Thread(target=lambda: requeued.append(
+            requeue.execute("SELECT outbox_requeue(%s::bigint)", (dead,)).fetchone()[0]))
+        requeuing.start()
+        time.sleep(0.3)
+        redelivery.commit()  # the worker hands the key on within 100 ms, or leaves it to the requeue
+        requeuing.join(timeout=5)
+        assert requeued == [1]
+        time.sleep(0.5)
+        enqueue(db, "other.topic", 3)
+        other.wait_for(1, timeout=5)
+        requeue.commit()
+    # One of the two became the key's head at the endpoint, the other queued behind it.
+    eventually(lambda: sorted(json.loads(r["body"])["n"] for r in keyed.requests if r["status"] == 200) == [0, 1, 2],
+               timeout=10, what="the requeued message and the redelivered one")
     assert "delivery step failed" not in log.since()
 
 
