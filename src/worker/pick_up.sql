@@ -8,7 +8,7 @@
 -- message, and the worker would wait with its whole step. Its key's advisory lock ($5, the tag's
 -- first half) is tried here and kept until the step ends (src/ordering releases the keys),
 -- except for the keys $6, left alone for long enough while producers kept committing to them
--- (held_back.rs, KEY_PATIENCE): those are waited for, as src/ordering does. The keys are locked
+-- (held_back.rs, KEY_PATIENCE): those are waited for here, as src/ordering does. The keys are locked
 -- in a statement of their own, before fan_out.sql reads their heads: an operator's requeue or
 -- redelivery that made a head and held the key has then committed before that statement's
 -- snapshot, which sees the head. (Read in the snapshot of this statement, taken before the key's
@@ -32,7 +32,9 @@ WITH ready AS (
 ), picked AS MATERIALIZED (
     SELECT r.*
       FROM ready r
-     WHERE CASE WHEN r.ordering_key IS NULL OR r.ordering_key OPERATOR(pg_catalog.=) ANY ($6) THEN true
+     WHERE CASE WHEN r.ordering_key IS NULL THEN true
+                WHEN r.ordering_key OPERATOR(pg_catalog.=) ANY ($6)
+                THEN (SELECT true FROM pg_catalog.pg_advisory_xact_lock($5, pg_catalog.hashtext(r.ordering_key)))
                 ELSE pg_catalog.pg_try_advisory_xact_lock($5, pg_catalog.hashtext(r.ordering_key)) END
 ), left_alone AS MATERIALIZED (
     SELECT r.id, r.ordering_key,
