@@ -22,8 +22,10 @@ if [ "$PG" = 16 ] && [ -z "$PG_CONFIG" ] && [ "${GITHUB_ACTIONS:-}" != true ]; t
     exit 2
 fi
 
-# nginx and wrk: the benchmark's receiver and HTTP load generator (its smoke run is a test).
-packages=(libclang-dev sudo nginx-light wrk)
+# nginx and wrk: the benchmark's receiver and HTTP load generator (its smoke run is a test);
+# gdb: tests that stop a server process at a breakpoint to place a commit in a race's instant
+# (tests/support, PausedAt).
+packages=(libclang-dev sudo nginx-light wrk gdb)
 case "$PG" in
 15) packages+=(postgresql-15 postgresql-server-dev-15) ;;
 16 | 17) ! pgrx_downloads || [ -x "$PG_CONFIG" ] || packages+=("${postgres_build_packages[@]}") ;;
