@@ -121,13 +121,14 @@ class PausedAt:
 
         self.timeout = timeout
         self.signals = pathlib.Path(tempfile.mkdtemp(prefix="outbox-paused-"))
-        stopped, go = self.signals / "stopped", self.signals / "go"
-        commands = ["set pagination off", "set confirm off", f"break {function}", "continue",
-                    f"shell touch {stopped}", f"shell while [ ! -e {go} ]; do sleep 0.02; done",
-                    "delete", "detach", "quit"]
-        arguments = ["gdb", "--nx", "--batch", "-p", str(pid)]
-        for command in commands:
-            arguments += ["-ex", command]
+        stopped, go, script = self.signals / "stopped", self.signals / "go", self.signals / "pause.gdb"
+        # What to do at the breakpoint runs only there: should gdb fail to attach or to set it,
+        # `stopped` never appears and wait() says why.
+        script.write_text("\n".join([
+            "set pagination off", "set confirm off", f"break {function}", "commands",
+            f"shell touch {stopped}", f"shell while [ ! -e {go} ]; do sleep 0.02; done",
+            "delete", "detach", "quit", "end", "continue", ""]))
+        arguments = ["gdb", "--nx", "--batch", "-p", str(pid), "-x", str(script)]
         self.stopped, self.go = stopped, go
         self.gdb = subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -140,13 +141,19 @@ class PausedAt:
         while not self.stopped.exists():
             if self.gdb.poll() is not None or time.monotonic() > deadline:
                 self.gdb.kill()
-                raise AssertionError(f"the process never called the function: {self.gdb.communicate()[0]}")
+                output = self.gdb.communicate()[0]
+                if "ptrace: Operation not permitted" in output:
+                    import pytest  # (only the tests use this helper)
+
+                    pytest.skip("this machine does not let gdb attach to a server process (ptrace)")
+                raise AssertionError(f"the process never called the function: {output}")
             time.sleep(0.02)
 
-    def __exit__(self, *_):
+    def __exit__(self, error_type, *_):
         self.go.touch()
         output = self.gdb.communicate(timeout=self.timeout)[0]
-        assert self.gdb.returncode == 0, output
+        if error_type is None:  # (else gdb was killed in wait(), and its error is on its way)
+            assert self.gdb.returncode == 0, output
 
 
 def cpu_seconds(pid) -> float:
