@@ -80,7 +80,7 @@ const TOPICS_MATCHED_BY_HASH: &str =
 /// From this many topics on, the statements match them by hash: per row walked past, comparing
 /// with one or two topics costs less than a hash probe, and with four or more it costs more
 /// (side runs, bench/README.md); with thousands, comparing made a claim take seconds.
-pub const MANY_TOPICS: usize = 4;
+const MANY_TOPICS: usize = 4;
 
 /// `sql` (one of the statements above) with its topic filter matched by hash, for [`MANY_TOPICS`]
 /// or more. Made once per process: the text is kept for good, as the statement's is.

@@ -28,7 +28,7 @@ static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messag
 static STEP_BACK_NEWER_HEADS: Statement = Statement::new(include_str!("step_back_newer_heads.sql"), &[TEXTARRAYOID]);
 static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
 static LOCK_QUEUED_DELIVERIES: Statement = Statement::new(include_str!("lock_queued_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
-static LOCK_ENDPOINTS_KEYS: Statement = Statement::new(include_str!("lock_endpoints_keys.sql"), &[INT8ARRAYOID, TEXTARRAYOID, INT4OID]);
+static LOCK_ENDPOINTS_KEYS: Statement = Statement::new(include_str!("lock_endpoints_keys.sql"), &[INT8ARRAYOID, INT4OID]);
 static TRY_ENDPOINTS_KEYS: Statement = Statement::new(include_str!("try_endpoints_keys.sql"), &[INT8ARRAYOID, TEXTARRAYOID, INT4OID]);
 
 /// Before a producer adds messages to ordering key `key` (a text datum) in this transaction:
@@ -77,7 +77,13 @@ pub fn hold_key_in_read_committed(schema: pg_sys::Oid, key: pg_sys::Datum) -> bo
 /// a statement must not name the schema inside a literal, where a schema renamed to a name with
 /// a quote would end the literal. (The worker's pick-up tries the keys' locks: pick_up.sql.)
 pub fn key_lock_space(schema: pg_sys::Oid) -> i32 {
-    u32::from(crate::spi::outbox_relation(schema)) as i32
+    lock_space(schema, c"outbox")
+}
+
+/// The first half of the tag of the advisory locks named after the extension's table `table`:
+/// its oid as an int4.
+fn lock_space(schema: pg_sys::Oid, table: &std::ffi::CStr) -> i32 {
+    u32::from(crate::spi::relation(schema, table)) as i32
 }
 
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
@@ -113,12 +119,6 @@ sql_function!(outbox_release_keys_c, pg_finfo_outbox_release_keys_c, |args| {
     released.into_datum().unwrap()
 });
 
-/// The first half of the tag of the advisory lock of an endpoint's keys (lock_endpoints_keys.sql):
-/// outbox_delivery's oid as an int4.
-fn endpoints_keys_lock_space(schema: pg_sys::Oid) -> i32 {
-    u32::from(crate::spi::relation(schema, c"outbox_delivery")) as i32
-}
-
 /// How a hand-on of keys at endpoints takes the lock of each endpoint's keys
 /// (lock_endpoints_keys.sql).
 #[derive(Clone, Copy)]
@@ -147,10 +147,11 @@ pub fn release_delivery_keys(
     }
     // The locks first: the hand-on's snapshot, taken after them, sees every head made by whoever
     // held them before.
-    let space = Some(pg_sys::Datum::from(endpoints_keys_lock_space(schema)));
+    // (The lock's tag: outbox_delivery's oid as an int4, then the endpoint's hash.)
+    let space = Some(pg_sys::Datum::from(lock_space(schema, c"outbox_delivery")));
     let (endpoints, keys, mut held) = match taking {
         Taking::Wait => {
-            spi.execute(&LOCK_ENDPOINTS_KEYS, schema, &[endpoints, keys, space]);
+            spi.execute(&LOCK_ENDPOINTS_KEYS, schema, &[endpoints, space]);
             (endpoints, keys, Vec::new())
         }
         Taking::Try => {

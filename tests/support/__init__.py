@@ -6,6 +6,7 @@ scripts/test.sh, tests/reliability/run.py and bench/bench.py set up.
 
 import os
 import pathlib
+import shutil
 import time
 import tomllib
 
@@ -152,6 +153,7 @@ class PausedAt:
     def __exit__(self, error_type, *_):
         self.go.touch()
         output = self.gdb.communicate(timeout=self.timeout)[0]
+        shutil.rmtree(self.signals, ignore_errors=True)
         if error_type is None:  # (else gdb was killed in wait(), and its error is on its way)
             assert self.gdb.returncode == 0, output
 
