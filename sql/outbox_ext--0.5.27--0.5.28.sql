@@ -884,6 +884,12 @@ BEGIN
            kd.endpoints, kd.endpoint_keys
       INTO requeued, keys, endpoints, endpoint_keys
       FROM keyed_deliveries kd;
+    -- The locks of the endpoints where it hands keys on (src/ordering/lock_endpoints_keys.sql
+    -- takes them again below, already held), before any key's: the worker holds an endpoint's
+    -- lock from its hand-ons and may then wait for a key, so a requeue holding the key while it
+    -- waited for the endpoint waited in a circle with it (40P01 after deadlock_timeout).
+    PERFORM pg_advisory_xact_lock('@extschema@.outbox_delivery'::regclass::oid::int4, e.hash)
+       FROM (SELECT DISTINCT hashint8(e.subscription_id) AS hash FROM unnest(endpoints) AS e(subscription_id) ORDER BY 1) e;
     -- The keys' locks, in one pass in the hashes' order, as every other taker of several keys
     -- takes them (src/ordering/lock_keys.sql), so that none waits for another in a circle:
     -- exclusively those of the requeued messages, which outbox_release_keys hands on below (it
@@ -1504,6 +1510,12 @@ BEGIN
                     AND o.waiting_for IS DISTINCT FROM 'deliveries'::@extschema@.outbox_wait)
          ORDER BY o.id
            FOR UPDATE);
+    -- The endpoint's lock, before the keys' (as outbox_requeue_dead: the worker holds it from
+    -- its hand-ons and may then wait for a key); src/ordering takes it again below.
+    IF EXISTS (SELECT FROM @extschema@.outbox o WHERE o.id = ANY (chosen_ids) AND o.ordering_key IS NOT NULL) THEN
+        PERFORM pg_advisory_xact_lock('@extschema@.outbox_delivery'::regclass::oid::int4,
+                                      hashint8(outbox_redeliver.subscription_id));
+    END IF;
     -- Their ordering keys, held as a producer holds a key it queues behind (src/ordering) until
     -- this transaction ends: meanwhile the worker leaves the keys' newer messages alone, rather
     -- than make one the key's head at this endpoint beside the replay (it waited for this

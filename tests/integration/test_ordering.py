@@ -173,6 +173,48 @@ def test_a_requeue_takes_its_keys_locks_in_the_order_every_other_taker_does(db):
     assert outcome == {"requeued": 2}, outcome
 
 
+@pytest.mark.parametrize("operators_call", ["requeue", "redeliver"])
+def test_an_operators_function_takes_the_endpoints_lock_before_its_keys(db, operators_call):
+    """The worker hands on keys at an endpoint holding the endpoint's lock (which it only
+    tries), and later in the same step may wait for a key producers keep holding (KEY_PATIENCE).
+    outbox_requeue_dead and outbox_redeliver held their keys (shared) and then waited for the
+    endpoint's lock: the two waited in a circle until PostgreSQL failed one with 40P01 (stop
+    50's note). They take the endpoint's lock first now. A session here holds the lock as the
+    worker does, then waits for the key as the worker's pick-up does."""
+    endpoint = db.execute("SELECT outbox_subscribe('booking.created', 'http://127.0.0.1:9/hook')").fetchone()[0]
+    status = "DEAD" if operators_call == "requeue" else "DONE"
+    message = db.execute("""INSERT INTO outbox (topic, payload, ordering_key, status, processed_at, attempts)
+                            VALUES ('booking.created', '{}', 'booking:42', %s, now(), 1) RETURNING id""", (status,)).fetchone()[0]
+    db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, processed_at, attempts, ordering_key)
+                  VALUES (%s, %s, %s, now(), 1, 'booking:42')""", (message, endpoint, status))
+    call = {"requeue": ("SELECT outbox_requeue(%s::bigint)", (message,)),
+            "redeliver": ("SELECT outbox_redeliver(%s, message_ids => ARRAY[%s]::bigint[])", (endpoint, message))}[operators_call]
+    endpoints_space, keys_space = db.execute("SELECT 'outbox_delivery'::regclass::oid::int4, 'outbox'::regclass::oid::int4").fetchone()
+    outcome = {}
+
+    def operator():
+        try:
+            with connect() as operator:
+                outcome["scheduled"] = operator.execute(*call).fetchone()[0]
+        except psycopg.Error as error:
+            outcome["operator"] = error.sqlstate
+
+    with connect() as worker:
+        worker.execute("SET deadlock_timeout = '100ms'")
+        worker.execute("SELECT pg_advisory_xact_lock(%s, hashint8(%s::bigint))", (endpoints_space, endpoint))
+        thread = threading.Thread(target=operator)
+        thread.start()
+        time.sleep(0.5)  # the operator's call waits for the endpoint: before, holding the key meanwhile
+        try:
+            worker.execute("SELECT pg_advisory_xact_lock(%s, hashtext('booking:42'))", (keys_space,))
+        except psycopg.Error as error:
+            outcome["worker"] = error.sqlstate
+        worker.rollback()
+        thread.join(timeout=10)
+    assert outcome == {"scheduled": 1}, outcome
+    assert db.execute("SELECT status, waiting_for FROM outbox_delivery WHERE message_id = %s", (message,)).fetchone() == ("PENDING", None)
+
+
 @pytest.mark.parametrize(
     "key, sqlstate",
     [("", "22023"), ("k" * 256, "22001")],
