@@ -21,7 +21,8 @@ static PICK_UP: crate::topic::WalkOfTopics = crate::topic::WalkOfTopics::new(
     &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID],
 );
 static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, INT8ARRAYOID]);
-static LOCK: Statement = Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID]);
+static LOCK: Statement =
+    Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
 static RELEASE_LEASES: Statement = Statement::new(include_str!("release_leases.sql"), &[]);
@@ -101,11 +102,17 @@ pub struct Room {
     /// Messages whose deliveries to this endpoint wait for an answer to be recorded or a
     /// hand-back (held_back.rs): not leased again meanwhile, should their leases run out.
     pub held: Vec<i64>,
+    /// Leases that ran out by this clock are due again (retries and new deliveries by the
+    /// transaction's): when the worker last took the answers that came back. A request still
+    /// in flight then ends within its lease, and its answer is recorded before a later step's
+    /// claim; a lease that ran out during a long step may be one whose answer came back
+    /// meanwhile (leased again, the delivery went out twice).
+    pub leases_run_out_by: pg_sys::TimestampTz,
 }
 
 /// Leases due deliveries of endpoint `subscription_id` within `room`; dead-letters those out of
-/// attempts. `now` is the transaction's clock, `started` the same moment as an Instant. Returns
-/// the leased ones, to queue once the transaction commits.
+/// attempts. `now` is the transaction's clock, the leases' start, `started` the same moment as
+/// an Instant. Returns the leased ones, to queue once the transaction commits.
 pub fn claim_for_endpoint(
     spi: &mut Spi,
     schema: pg_sys::Oid,
@@ -115,7 +122,8 @@ pub fn claim_for_endpoint(
     policy: &RetryPolicy,
     (now, started): (pg_sys::TimestampTz, Instant),
 ) -> Vec<Queued> {
-    let Room { size, byte_budget, nothing_in_flight, held } = room;
+    let Room { size, byte_budget, nothing_in_flight, held, leases_run_out_by } = room;
+    let leases_run_out_by = leases_run_out_by.min(now);
     let slots = size.count;
     let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
     // Read from where the endpoint's last claim found its head (src/claim/head.rs).
@@ -123,10 +131,18 @@ pub fn claim_for_endpoint(
     let locked = spi.execute(
         &LOCK,
         schema,
-        &[subscription_id.into_datum(), Some(pg_sys::Datum::from(now)), (slots as i32).into_datum(), Some(start_from.into())],
+        &[
+            subscription_id.into_datum(),
+            Some(pg_sys::Datum::from(now)),
+            (slots as i32).into_datum(),
+            Some(start_from.into()),
+            Some(pg_sys::Datum::from(leases_run_out_by)),
+        ],
     );
     let first: Option<i64> = (!locked.is_empty()).then(|| locked.get(0, 4).expect("available_at"));
-    state.head.found(&None, start_from, now, first, started);
+    // (Leases that ran out since leases_run_out_by were not read: the next claim reads from
+    // before them.)
+    state.head.found(&None, start_from, leases_run_out_by, first, started);
     // (message, attempts, payload bytes) of each, oldest due first.
     let mut rows: Vec<(i64, i32, i64)> = (0..locked.len())
         .map(|r| (locked.get(r, 1).expect("message"), locked.get(r, 2).expect("attempts"), locked.get::<i32>(r, 3).unwrap_or(0).into()))
@@ -135,7 +151,7 @@ pub fn claim_for_endpoint(
         // Nothing more is due now. A due time still ahead (a retry recorded since the last
         // reading) stays, to wake the worker then; the next refresh reads them all again.
         state.due_now = false;
-        if state.next_due.is_some_and(|due| due <= now) {
+        if state.next_due.is_some_and(|due| due <= leases_run_out_by) {
             state.next_due = None;
         }
     }

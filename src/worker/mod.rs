@@ -115,6 +115,8 @@ struct Worker {
     /// them came back.
     finished: Vec<Finished>,
     finished_since: Option<Instant>,
+    /// The clock when the answers that came back were last taken (claim::Room).
+    answers_taken_at: pg_sys::TimestampTz,
     /// Answers whose deliveries an operator's open transaction held, for a later step.
     held_answers: HeldBack<Finished>,
     /// Leased deliveries that will not be sent, to hand back in the next step.
@@ -180,6 +182,7 @@ impl Worker {
             endpoints: Endpoints::default(),
             finished: Vec::new(),
             finished_since: None,
+            answers_taken_at: crate::backend::now(),
             held_answers: HeldBack::default(),
             handing_back: Vec::new(),
             held_hand_backs: HeldBack::default(),
@@ -497,7 +500,7 @@ impl Worker {
                     break;
                 }
                 let held = held_deliveries.range((subscription_id, i64::MIN)..=(subscription_id, i64::MAX)).map(|&(_, id)| id).collect();
-                let room = claim::Room { size, byte_budget: budget, nothing_in_flight, held };
+                let room = claim::Room { size, byte_budget: budget, nothing_in_flight, held, leases_run_out_by: self.answers_taken_at };
                 let got =
                     claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, room, &policy, (now, claimed_at));
                 budget -= got.iter().map(|q| q.delivery.message.body.len() as i64).sum::<i64>();
@@ -554,6 +557,7 @@ impl Worker {
 
     /// Moves the answers that came back from the helper threads to `finished`.
     fn take_answers(&mut self) {
+        self.answers_taken_at = crate::backend::now(); // (before: what is still in flight then is known)
         for done in self.pool.take_finished() {
             self.finished_since.get_or_insert_with(Instant::now);
             self.endpoints.waiting_for_payload_room = false; // its payload's room is free

@@ -16,7 +16,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from conftest import configure_worker, connect
-from support import cpu_share, eventually
+from support import PausedAt, cpu_share, eventually
 
 from support.receiver import Receiver
 
@@ -664,3 +664,24 @@ def test_many_subscribed_topics_behind_a_backlog_of_another_topic_do_not_stall_t
     message_id, _ = enqueue(worker)
     receiver.wait_for(1, timeout=20)
     eventually(status_is(worker, message_id, "DONE"), timeout=10)
+
+
+def test_a_step_longer_than_a_lease_sends_no_delivery_a_second_time(worker, receiver):
+    """A delivery is leased for one request: its timeout and 5 s. The answer of a request that
+    came back while a step ran waits for the next step to be recorded; the step's own claim,
+    reading leases run out by its clock, took a step that lasted past the lease (a slow disk, a
+    wait for a lock) for a lease nobody held: it leased the delivery again and sent it a second
+    time, and the first answer was never recorded. The claim reads the leases run out by the
+    time the answers were last taken. The worker's main thread is stopped in a step here while
+    its helper thread's request comes back."""
+    worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => '1 second')", (receiver.url,))
+    receiver.answer(200, delay=0.3)
+    message_id, _ = enqueue(worker)
+    receiver.wait_for(1, timeout=10, started=True)
+    with PausedAt(worker_pid(worker), "SPI_connect", only_that_thread=True) as paused:
+        paused.wait()  # in a step, whose answers were taken before the request came back
+        time.sleep(7)  # past the lease: 1 s and 5 s
+    eventually(status_is(worker, message_id, "DONE"), timeout=10)
+    time.sleep(1)
+    assert len(receiver.requests) == 1, [r["headers"].get("webhook-id") for r in receiver.requests]
+    assert delivery(worker, message_id)[:2] == ("DONE", 1)

@@ -114,24 +114,41 @@ class PausedAt:
         # the process goes on
 
     For a race of a few microseconds that sleeps cannot place. Needs gdb (on every machine
-    this project builds on) and the right to trace the process (root, as the tests run)."""
+    this project builds on) and the right to trace the process (root, as the tests run).
+    With `only_that_thread`, the process's other threads (the delivery worker's helper
+    threads, sending requests) go on meanwhile: gdb's non-stop mode."""
 
-    def __init__(self, pid: int, function: str, timeout: float = 30.0):
+    def __init__(self, pid: int, function: str, timeout: float = 30.0, only_that_thread: bool = False):
         import subprocess
         import tempfile
 
         self.timeout = timeout
         self.signals = pathlib.Path(tempfile.mkdtemp(prefix="outbox-paused-"))
-        stopped, go, script = self.signals / "stopped", self.signals / "go", self.signals / "pause.gdb"
+        stopped, go, script_file = self.signals / "stopped", self.signals / "go", self.signals / "pause.gdb"
         # What to do at the breakpoint runs only there: should gdb fail to attach or to set it,
         # `stopped` never appears and wait() says why.
-        script.write_text("\n".join([
-            "set pagination off", "set confirm off", f"break {function}", "commands",
-            f"shell touch {stopped}", f"shell while [ ! -e {go} ]; do sleep 0.02; done",
-            "delete", "detach", "quit", "end", "continue", ""]))
-        arguments = ["gdb", "--nx", "--batch", "-p", str(pid), "-x", str(script)]
+        attached = ["python", "if not gdb.selected_inferior().pid: gdb.execute('quit 1')", "end"]
+        script = ["set pagination off", "set confirm off", *attached, f"break {function}", "commands",
+                  f"shell touch {stopped}", f"shell while [ ! -e {go} ]; do sleep 0.02; done",
+                  "delete", "detach", "quit", "end"]
+        if only_that_thread:
+            # Non-stop: `continue -a` lets every thread go, and the breakpoint stops only the
+            # thread that reaches it. Threads that stop otherwise (attaching stops each, some a
+            # moment later) are let go again. gdb then reads its input (kept open) until the
+            # breakpoint's commands end it: not --batch, which would end with the script.
+            script += ["python",
+                       "def let_go(event):",
+                       "    if not isinstance(event, gdb.BreakpointEvent):",
+                       "        gdb.post_event(lambda: gdb.execute('continue -a'))",
+                       "gdb.events.stop.connect(let_go)",
+                       "end", "continue -a"]
+            arguments = ["gdb", "--nx", "-iex", "set non-stop on", "-p", str(pid), "-x", str(script_file)]
+        else:
+            script += ["continue"]
+            arguments = ["gdb", "--nx", "--batch", "-p", str(pid), "-x", str(script_file)]
+        script_file.write_text("\n".join(script + [""]))
         self.stopped, self.go = stopped, go
-        self.gdb = subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.gdb = subprocess.Popen(arguments, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def __enter__(self):
         return self
