@@ -110,9 +110,22 @@ pub fn classify_status(status: u16, retry_after: Option<&str>, body_start: &str,
     if (200..300).contains(&status) {
         return Outcome::Delivered;
     }
-    let body = body_start.trim();
+    let body = printable(body_start.trim());
     let error = if body.is_empty() { format!("HTTP {status}") } else { format!("HTTP {status}: {body}") };
     Outcome::Failed { error, retry_after: retry_after.and_then(|value| parse_retry_after(value, now)) }
+}
+
+/// An endpoint's text as `last_error` keeps it: line breaks and tabs as spaces, other control
+/// characters as U+FFFD. (A NUL is no character a PostgreSQL text may hold; an escape sequence
+/// would act on the terminal of an operator reading the error in psql.)
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\t' | '\n' | '\r' => ' ',
+            c if c.is_control() => char::REPLACEMENT_CHARACTER,
+            c => c,
+        })
+        .collect()
 }
 
 /// `Retry-After: 120` or `Retry-After: Wed, 21 Oct 2026 07:28:00 GMT`, capped at a day.
@@ -291,6 +304,19 @@ mod unit_tests {
         );
         assert!(matches!(classify_status(404, None, "", now), Outcome::Failed { .. }));
         assert!(matches!(classify_status(301, None, "", now), Outcome::Failed { .. }));
+    }
+
+    #[test]
+    fn shows_a_failing_bodys_control_characters_as_no_terminal_or_database_would_take_them() {
+        // A NUL, which no PostgreSQL text may hold; an escape sequence that clears an operator's
+        // terminal when psql shows last_error; line breaks of an HTML page.
+        let error = |body| match classify_status(500, None, body, SystemTime::now()) {
+            Outcome::Failed { error, .. } => error,
+            Outcome::Delivered => unreachable!(),
+        };
+        assert_eq!(error("no\0such\u{1b}[2Jthing"), "HTTP 500: no\u{fffd}such\u{fffd}[2Jthing");
+        assert_eq!(error("<h1>Bad\r\n\tGateway</h1>\n"), "HTTP 500: <h1>Bad   Gateway</h1>");
+        assert_eq!(error("\u{7f}\u{85}kept: é €"), "HTTP 500: \u{fffd}\u{fffd}kept: é €");
     }
 
     #[test]

@@ -154,6 +154,23 @@ def test_an_endpoint_that_always_fails_dead_letters_the_message(worker, receiver
     assert len(receiver.requests) == 3, "a dead letter is not delivered again"
 
 
+def test_a_failing_bodys_control_characters_are_not_kept(worker, receiver):
+    """The start of a failing answer's body is the delivery's last_error, an attempt's error
+    and, through the breaker, a disabled endpoint's reason: an endpoint's text, read by
+    operators in psql. Its NUL went into the text as it was (a byte no PostgreSQL text may
+    hold: read as text, the error ended there), its escape sequences reached the operator's
+    terminal (a bad-input audit)."""
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    receiver.answer(500, body=b"no\x00such\x1b[2Jthing\r\n")
+    message_id, _ = enqueue(worker)
+    receiver.wait_for(2)
+    eventually(status_is(worker, message_id, "DONE"), what="DONE")
+    # Read as text, as psql reads it.
+    (error,) = worker.execute("SELECT error FROM outbox_delivery_attempts WHERE message_id = %s AND attempt = 1",
+                              (message_id,)).fetchone()
+    assert error == "HTTP 500: no\ufffdsuch\ufffd[2Jthing"
+
+
 def test_autovacuum_sees_what_the_worker_writes(worker, receiver):
     """The worker's inserts and updates reach the statistics autovacuum decides by (a
     background worker must report them itself; a backend does it when it goes idle): before,
