@@ -112,6 +112,16 @@ BEGIN
                 pg_catalog.length(outbox_disable_subscription.reason)
             USING ERRCODE = 'string_data_right_truncation';
     END IF;
+    -- (Shown as why the endpoint is disabled, in psql as anywhere: one line, saying something.)
+    IF pg_catalog.btrim(outbox_disable_subscription.reason) = '' THEN
+        RAISE EXCEPTION 'outbox_disable_subscription: reason must not be empty (NULL says who disabled it)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF outbox_disable_subscription.reason OPERATOR(pg_catalog.~) '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'outbox_disable_subscription: reason must be one line without control characters, got one at position %',
+                pg_catalog.regexp_instr(outbox_disable_subscription.reason, '[[:cntrl:]]')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     subscription := @extschema@.outbox_subscription_for_update('outbox_disable_subscription'::text, 'id'::text, outbox_disable_subscription.id);
     IF NOT subscription.enabled THEN
         RETURN false;

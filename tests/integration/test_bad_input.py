@@ -107,6 +107,11 @@ CASES = [
     # A reason is shown wherever the endpoint is (outbox_endpoint_stats, the monitoring view):
     # as bounded as the errors the worker records.
     ("outbox_disable_subscription(outbox_subscribe('t.x', 'https://hooks.example.test/'), repeat('r', 4097))", TOO_LONG, "reason"),
+    # Shown as "why it is disabled": an empty one said nothing (NULL gives "disabled by <role>"),
+    # and control characters acted on the terminal of whoever read it in psql (an audit).
+    ("outbox_disable_subscription(outbox_subscribe('t.x', 'https://hooks.example.test/'), ' ')", INVALID, "reason"),
+    ("outbox_disable_subscription(outbox_subscribe('t.x', 'https://hooks.example.test/'), E'migrating\\x1b[2J')", INVALID, "reason"),
+    ("outbox_disable_subscription(outbox_subscribe('t.x', 'https://hooks.example.test/'), E'a\\nb')", INVALID, "reason"),
 ]
 
 
