@@ -691,13 +691,14 @@ def test_a_step_longer_than_a_lease_sends_no_delivery_a_second_time(worker, rece
     time, and the first answer was never recorded. The claim reads the leases run out by the
     time the answers were last taken. The worker's main thread is stopped in a step here while
     its helper thread's request comes back."""
-    worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => '1 second')", (receiver.url,))
-    receiver.answer(200, delay=0.3)
+    worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => '3 seconds')", (receiver.url,))
+    receiver.answer(200, delay=2)
     message_id, _ = enqueue(worker)
     receiver.wait_for(1, timeout=10, started=True)
     with PausedAt(worker_pid(worker), "SPI_connect", only_that_thread=True) as paused:
         paused.wait()  # in a step, whose answers were taken before the request came back
-        time.sleep(7)  # past the lease: 1 s and 5 s
+        assert receiver.requests == [], "paused before the answer (else this tests nothing)"
+        time.sleep(8.5)  # past the lease: 3 s and 5 s from the request's start
     eventually(status_is(worker, message_id, "DONE"), timeout=10)
     time.sleep(1)
     assert len(receiver.requests) == 1, [r["headers"].get("webhook-id") for r in receiver.requests]
