@@ -86,6 +86,13 @@ fn lock_space(schema: pg_sys::Oid, table: &std::ffi::CStr) -> i32 {
     u32::from(crate::spi::relation(schema, table)) as i32
 }
 
+/// Takes the lock of ordering key `key` exclusively until the transaction ends, waiting for the
+/// producers holding it (lock_keys.sql): the worker's pick-up, for a key they keep holding.
+pub fn lock_key(spi: &mut Spi, schema: pg_sys::Oid, key: &str) {
+    let keys = vec![key.to_string()].into_datum();
+    spi.execute(&LOCK_KEYS, schema, &[keys, Some(pg_sys::Datum::from(key_lock_space(schema)))]);
+}
+
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
 /// to the worker: the next message of each key becomes claimable. Returns how many did.
 pub fn release_message_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>) -> i32 {

@@ -16,10 +16,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-static PICK_UP: crate::topic::WalkOfTopics = crate::topic::WalkOfTopics::new(
-    include_str!("pick_up.sql"),
-    &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID, INT4OID, TEXTARRAYOID],
-);
+static PICK_UP: crate::topic::WalkOfTopics =
+    crate::topic::WalkOfTopics::new(include_str!("pick_up.sql"), &[TIMESTAMPTZOID, TEXTARRAYOID, INT4OID, TIMESTAMPTZOID, INT4OID]);
 static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, INT8ARRAYOID]);
 static LOCK: Statement =
     Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID]);
@@ -53,6 +51,11 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
     let pick_up = PICK_UP.for_topics(topics.len());
     let topics = Some(topics);
     let start_from = endpoints.fan_out_head.start(&topics, started);
+    // A key producers keep holding is waited for first, holding no other key meanwhile
+    // (held_back.rs, to_wait_for); the pick-up then finds it held.
+    if let Some(key) = endpoints.held_back_keys.to_wait_for(started) {
+        ordering::lock_key(spi, schema, &key);
+    }
     // Lock the messages and their ordering keys first; their deliveries are made by a second
     // statement, whose snapshot sees every head made before those keys were locked.
     let rows = spi.execute(
@@ -64,7 +67,6 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
             batch.into_datum(),
             Some(start_from.into()),
             ordering::key_lock_space(schema).into_datum(),
-            endpoints.held_back_keys.to_wait_for(started).into_datum(),
         ],
     );
     endpoints.fan_out_head.found(&topics, start_from, now, rows.get(0, 2), started);

@@ -90,14 +90,16 @@ struct HeldKey {
 }
 
 impl HeldBackKeys {
-    /// The keys to wait for at `now`: left alone for [`KEY_PATIENCE`] or longer while their
-    /// producers kept committing.
-    pub fn to_wait_for(&self, now: Instant) -> Vec<String> {
+    /// The key to wait for at `now`: of those left alone for [`KEY_PATIENCE`] or longer while
+    /// their producers kept committing, the one left alone longest. One at a time, waited for
+    /// before the pick-up tries any other key: a producer holding one such key may be about
+    /// to enqueue with another, and would wait for the worker while the worker waits for it.
+    pub fn to_wait_for(&self, now: Instant) -> Option<String> {
         self.held
             .iter()
             .filter(|(_, key)| key.churning && now.duration_since(key.since) >= KEY_PATIENCE)
+            .min_by_key(|(_, key)| key.since)
             .map(|(name, _)| name.clone())
-            .collect()
     }
 
     /// A pick-up at `now` left alone the messages of `keys`, each with the newest message queued
@@ -211,18 +213,23 @@ mod unit_tests {
         let start = Instant::now();
         let key = |name: &str, newest: i64| (name.to_string(), newest);
         keys.left_alone(vec![key("a", 10), key("b", 20), key("idle", 30)], start);
-        assert!(keys.to_wait_for(start).is_empty(), "left alone first");
+        assert_eq!(keys.to_wait_for(start), None, "left alone first");
         keys.left_alone(vec![key("a", 11), key("idle", 30)], start + KEY_PATIENCE / 2); // b handed on
         keys.left_alone(vec![key("a", 12), key("b", 21), key("idle", 30)], start + KEY_PATIENCE / 2);
-        assert_eq!(keys.to_wait_for(start + KEY_PATIENCE), vec!["a".to_string()], "b's patience started again");
+        assert_eq!(keys.to_wait_for(start + KEY_PATIENCE), Some("a".to_string()), "b's patience started again");
         keys.left_alone(vec![key("a", 12), key("b", 22), key("idle", 30)], start + KEY_PATIENCE);
-        assert_eq!(keys.to_wait_for(start + KEY_PATIENCE / 2 + KEY_PATIENCE), vec!["a".to_string(), "b".to_string()]);
-        assert!(
-            !keys.to_wait_for(start + 10 * KEY_PATIENCE).contains(&"idle".to_string()),
+        let later = start + KEY_PATIENCE / 2 + KEY_PATIENCE;
+        assert_eq!(keys.to_wait_for(later), Some("a".to_string()), "both due: one at a time, the longest left alone first");
+        keys.left_alone(vec![key("b", 23), key("idle", 30)], later); // a handed on
+        assert_eq!(keys.to_wait_for(later), Some("b".to_string()));
+        keys.left_alone(vec![key("idle", 30)], start + 10 * KEY_PATIENCE);
+        assert_eq!(
+            keys.to_wait_for(start + 10 * KEY_PATIENCE),
+            None,
             "a key nobody commits to is held by the same transaction: not waited for"
         );
-        keys.left_alone(Vec::new(), start + 2 * KEY_PATIENCE);
-        assert!(keys.to_wait_for(start + 3 * KEY_PATIENCE).is_empty(), "every key handed on");
+        keys.left_alone(Vec::new(), start + 11 * KEY_PATIENCE);
+        assert_eq!(keys.to_wait_for(start + 12 * KEY_PATIENCE), None, "every key handed on");
     }
 
     #[test]

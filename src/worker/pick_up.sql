@@ -6,9 +6,9 @@
 -- A message whose ordering key a producer's open transaction holds (queuing a message behind
 -- it: src/ordering) is left alone: handing its key on waits for that commit, to see the new
 -- message, and the worker would wait with its whole step. Its key's advisory lock ($5, the tag's
--- first half) is tried here and kept until the step ends (src/ordering releases the keys),
--- except for the keys $6, left alone for long enough while producers kept committing to them
--- (held_back.rs, KEY_PATIENCE): those are waited for here, as src/ordering does. The keys are locked
+-- first half) is tried here and kept until the step ends (src/ordering releases the keys). (A
+-- key left alone for long enough while producers kept committing to it, held_back.rs
+-- KEY_PATIENCE, was waited for before this statement: its try here succeeds.) The keys are locked
 -- in a statement of their own, before fan_out.sql reads their heads: an operator's requeue or
 -- redelivery that made a head and held the key has then committed before that statement's
 -- snapshot, which sees the head. (Read in the snapshot of this statement, taken before the key's
@@ -32,10 +32,8 @@ WITH ready AS (
 ), picked AS MATERIALIZED (
     SELECT r.*
       FROM ready r
-     WHERE CASE WHEN r.ordering_key IS NULL THEN true
-                WHEN r.ordering_key OPERATOR(pg_catalog.=) ANY ($6)
-                THEN (SELECT true FROM pg_catalog.pg_advisory_xact_lock($5, pg_catalog.hashtext(r.ordering_key)))
-                ELSE pg_catalog.pg_try_advisory_xact_lock($5, pg_catalog.hashtext(r.ordering_key)) END
+     WHERE r.ordering_key IS NULL
+        OR pg_catalog.pg_try_advisory_xact_lock($5, pg_catalog.hashtext(r.ordering_key))
 ), left_alone AS MATERIALIZED (
     SELECT r.id, r.ordering_key,
            COALESCE((SELECT pg_catalog.max(q.id)

@@ -148,29 +148,40 @@ def test_a_requeue_takes_its_keys_locks_in_the_order_every_other_taker_does(db):
                               VALUES ('booking.created', '{}', %s, 'DEAD', now(), 5) RETURNING id""", (low,)).fetchone()[0]
     db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, processed_at, attempts, ordering_key)
                   VALUES (%s, %s, 'DEAD', now(), 5, %s)""", (delivered, endpoint, low))
-    space = db.execute("SELECT 'outbox'::regclass::oid::int4").fetchone()[0]
+    low_lock, high_lock = db.execute("SELECT ARRAY['outbox'::regclass::oid::int4, hashtext(%s)], "
+                                     "ARRAY['outbox'::regclass::oid::int4, hashtext(%s)]", (low, high)).fetchone()
+    # The requeue waits for `low`: before, it held `high` meanwhile.
+    outcome = outcome_of_a_call_and_a_session_taking_two_locks(("SELECT outbox_requeue_all()", ()), low_lock, high_lock)
+    assert outcome == {"operator": 2}, outcome
+
+
+def outcome_of_a_call_and_a_session_taking_two_locks(call, first, second):
+    """Runs an operator's `call` (SQL and its arguments) in a thread, while a session, as the
+    worker or a consumer would, holds the advisory lock `first` ([int4, int4]) and then waits
+    for `second`. Returns what the call returned or its SQLSTATE, and the session's SQLSTATE
+    if it failed: {"operator": 2} when neither waited for the other in a circle."""
     outcome = {}
 
-    def requeue_all():
+    def operator():
         try:
-            with connect() as operator:
-                outcome["requeued"] = operator.execute("SELECT outbox_requeue_all()").fetchone()[0]
+            with connect() as conn:
+                outcome["operator"] = conn.execute(*call).fetchone()[0]
         except psycopg.Error as error:
-            outcome["error"] = error.sqlstate
+            outcome["operator"] = error.sqlstate
 
-    with connect() as consumer:
-        consumer.execute("SET deadlock_timeout = '100ms'")
-        consumer.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (space, low))
-        operator = threading.Thread(target=requeue_all)
-        operator.start()
-        time.sleep(0.5)  # the requeue waits for `low`: before, it held `high` meanwhile
+    with connect() as session:
+        session.execute("SET deadlock_timeout = '100ms'")
+        session.execute("SELECT pg_advisory_xact_lock(%s, %s)", first)
+        thread = threading.Thread(target=operator)
+        thread.start()
+        time.sleep(0.5)  # the call waits for `first`
         try:
-            consumer.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (space, high))
+            session.execute("SELECT pg_advisory_xact_lock(%s, %s)", second)
         except psycopg.Error as error:
-            outcome["consumer"] = error.sqlstate
-        consumer.rollback()
-        operator.join(timeout=10)
-    assert outcome == {"requeued": 2}, outcome
+            outcome["session"] = error.sqlstate
+        session.rollback()
+        thread.join(timeout=10)
+    return outcome
 
 
 @pytest.mark.parametrize("operators_call", ["requeue", "redeliver"])
@@ -189,29 +200,11 @@ def test_an_operators_function_takes_the_endpoints_lock_before_its_keys(db, oper
                   VALUES (%s, %s, %s, now(), 1, 'booking:42')""", (message, endpoint, status))
     call = {"requeue": ("SELECT outbox_requeue(%s::bigint)", (message,)),
             "redeliver": ("SELECT outbox_redeliver(%s, message_ids => ARRAY[%s]::bigint[])", (endpoint, message))}[operators_call]
-    endpoints_space, keys_space = db.execute("SELECT 'outbox_delivery'::regclass::oid::int4, 'outbox'::regclass::oid::int4").fetchone()
-    outcome = {}
-
-    def operator():
-        try:
-            with connect() as operator:
-                outcome["scheduled"] = operator.execute(*call).fetchone()[0]
-        except psycopg.Error as error:
-            outcome["operator"] = error.sqlstate
-
-    with connect() as worker:
-        worker.execute("SET deadlock_timeout = '100ms'")
-        worker.execute("SELECT pg_advisory_xact_lock(%s, hashint8(%s::bigint))", (endpoints_space, endpoint))
-        thread = threading.Thread(target=operator)
-        thread.start()
-        time.sleep(0.5)  # the operator's call waits for the endpoint: before, holding the key meanwhile
-        try:
-            worker.execute("SELECT pg_advisory_xact_lock(%s, hashtext('booking:42'))", (keys_space,))
-        except psycopg.Error as error:
-            outcome["worker"] = error.sqlstate
-        worker.rollback()
-        thread.join(timeout=10)
-    assert outcome == {"scheduled": 1}, outcome
+    endpoint_lock, key_lock = db.execute("SELECT ARRAY['outbox_delivery'::regclass::oid::int4, hashint8(%s::bigint)], "
+                                         "ARRAY['outbox'::regclass::oid::int4, hashtext('booking:42')]", (endpoint,)).fetchone()
+    # The operator's call waits for the endpoint: before, holding the key meanwhile.
+    outcome = outcome_of_a_call_and_a_session_taking_two_locks(call, endpoint_lock, key_lock)
+    assert outcome == {"operator": 1}, outcome
     assert db.execute("SELECT status, waiting_for FROM outbox_delivery WHERE message_id = %s", (message,)).fetchone() == ("PENDING", None)
 
 
@@ -664,3 +657,62 @@ def test_a_key_producers_keep_holding_is_handed_on_all_the_same(fast_worker, rec
         for thread in threads:
             thread.join()
     receiver.wait_for(1 + len(enqueued), timeout=20)
+
+
+def test_a_producer_of_two_keys_and_the_worker_waiting_for_them_deadlock_no_one(fast_worker, receivers):
+    """The pick-up waits for a key producers keep holding (KEY_PATIENCE). It waited where it met
+    the key's head, oldest first, holding the keys it had got before, another such key's
+    included: a producer that held the key it waited for and then enqueued with one of those
+    waited for the worker while the worker waited for it, and PostgreSQL failed one of them
+    with 40P01 (stop 51's review). The pick-up now waits for one such key at a time, before it
+    tries any other. Producers keep holding two keys here; the worker is stopped as it begins
+    to wait, while a producer of both takes the first."""
+    db = fast_worker
+    receiver = receivers()
+    enqueue(db, "booking.created", 1, "booking:1")  # older: the pick-up meets it first
+    enqueue(db, "booking.created", 2, "booking:42")
+    log = ServerLog()
+    stop = threading.Event()
+    errors = []
+
+    def produce(key, offset):
+        time.sleep(offset)
+        try:
+            with connect() as producer:
+                while not stop.is_set():
+                    with producer.transaction():
+                        enqueue(producer, "booking.created", 0, key)
+                        time.sleep(0.3)  # the next producer begins meanwhile
+        except psycopg.Error as error:
+            errors.append(error.sqlstate)
+
+    def produce_both():
+        try:
+            with connect() as producer, producer.transaction():
+                enqueue(producer, "booking.created", 3, "booking:42")
+                time.sleep(0.5)
+                enqueue(producer, "booking.created", 4, "booking:1")
+        except psycopg.Error as error:
+            errors.append(error.sqlstate)
+
+    threads = [threading.Thread(target=produce, args=(key, offset)) for key in ("booking:1", "booking:42") for offset in (0, 0.1, 0.2)]
+    both = threading.Thread(target=produce_both)
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)  # both keys held all the time from here on
+        db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+        time.sleep(1.5)  # both heads left alone for longer than the patience
+        with PausedAt(worker_pid(db.info.dbname), "pg_advisory_xact_lock_int4") as paused:
+            paused.wait()
+            both.start()
+            time.sleep(0.2)  # it holds booking:42
+        both.join(timeout=15)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert "deadlock detected" not in log.since()
+    eventually(lambda: {json.loads(r["body"])["n"] for r in receiver.requests} >= {1, 2, 3, 4}, timeout=20,
+               what="every message of both keys")
