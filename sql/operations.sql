@@ -936,6 +936,7 @@ DECLARE
     scheduled      integer;
     keys           text[];
     chosen_ids     bigint[];
+    key_hashes     integer[];
 BEGIN
     IF outbox_redeliver.subscription_id IS NULL THEN
         RAISE EXCEPTION 'outbox_redeliver: subscription_id must not be NULL'
@@ -973,21 +974,25 @@ BEGIN
                     AND o.waiting_for IS DISTINCT FROM 'deliveries'::@extschema@.outbox_wait)
          ORDER BY o.id
            FOR UPDATE);
+    -- Their ordering keys (read once: outbox and each of its history tables are looked in).
+    key_hashes := ARRAY(SELECT DISTINCT hashtext(o.ordering_key)
+                          FROM @extschema@.outbox o
+                         WHERE o.id = ANY (chosen_ids) AND o.ordering_key IS NOT NULL
+                         ORDER BY 1);
     -- The endpoint's lock, before the keys' (as outbox_requeue_dead: the worker holds it from
     -- its hand-ons and may then wait for a key); src/ordering takes it again below.
-    IF EXISTS (SELECT FROM @extschema@.outbox o WHERE o.id = ANY (chosen_ids) AND o.ordering_key IS NOT NULL) THEN
+    IF cardinality(key_hashes) > 0 THEN
         PERFORM pg_advisory_xact_lock('@extschema@.outbox_delivery'::regclass::oid::int4,
                                       hashint8(outbox_redeliver.subscription_id));
     END IF;
-    -- Their ordering keys, held as a producer holds a key it queues behind (src/ordering) until
-    -- this transaction ends: meanwhile the worker leaves the keys' newer messages alone, rather
-    -- than make one the key's head at this endpoint beside the replay (it waited for this
-    -- commit, every endpoint with it, and then failed on outbox_delivery_key_head_idx).
+    -- The keys, held as a producer holds a key it queues behind (src/ordering) until this
+    -- transaction ends, in the hashes' order: meanwhile the worker leaves the keys' newer
+    -- messages alone, rather than make one the key's head at this endpoint beside the replay (it
+    -- waited for this commit, every endpoint with it, and then failed on
+    -- outbox_delivery_key_head_idx).
     PERFORM pg_advisory_xact_lock_shared('@extschema@.outbox'::regclass::oid::int4, k.hash)
-       FROM (SELECT DISTINCT hashtext(o.ordering_key) AS hash
-               FROM @extschema@.outbox o
-              WHERE o.id = ANY (chosen_ids) AND o.ordering_key IS NOT NULL
-              ORDER BY 1) k;
+       FROM unnest(key_hashes) WITH ORDINALITY AS k(hash, position)
+      ORDER BY k.position;
     -- Those in the history come back to outbox, with their deliveries, to be sent again.
     WITH archived AS (
         DELETE FROM @extschema@.outbox o

@@ -89,7 +89,11 @@ fn lock_space(schema: pg_sys::Oid, table: &std::ffi::CStr) -> i32 {
 /// Takes the lock of ordering key `key` exclusively until the transaction ends, waiting for the
 /// producers holding it (lock_keys.sql): the worker's pick-up, for a key they keep holding.
 pub fn lock_key(spi: &mut Spi, schema: pg_sys::Oid, key: &str) {
-    let keys = vec![key.to_string()].into_datum();
+    lock_keys(spi, schema, vec![key.to_string()].into_datum());
+}
+
+/// lock_keys.sql for the keys `keys` (a text[] datum).
+fn lock_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>) {
     spi.execute(&LOCK_KEYS, schema, &[keys, Some(pg_sys::Datum::from(key_lock_space(schema)))]);
 }
 
@@ -110,7 +114,7 @@ fn release_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>,
     if keys.is_none() {
         return 0;
     }
-    spi.execute(&LOCK_KEYS, schema, &[keys, Some(pg_sys::Datum::from(key_lock_space(schema)))]);
+    lock_keys(spi, schema, keys);
     if step_back_newer_heads {
         spi.execute(&STEP_BACK_NEWER_HEADS, schema, &[keys]);
     }

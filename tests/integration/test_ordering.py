@@ -624,6 +624,29 @@ def test_handing_on_every_key_there_is_stays_linear(db):
     assert released == 20000
 
 
+def producers_keep_holding(key, n, stop, enqueued, errors):
+    """Starts three producers of messages `n` of `key` whose transactions overlap, each
+    beginning before the last one ends, until `stop` is set: the key is held all the time.
+    Their messages' ids go to `enqueued`, their SQLSTATEs, should they fail, to `errors`.
+    Returns their threads."""
+
+    def produce(offset):
+        time.sleep(offset)
+        try:
+            with connect() as producer:
+                while not stop.is_set():
+                    with producer.transaction():
+                        enqueued.append(enqueue(producer, "booking.created", n, key))
+                        time.sleep(0.3)  # the next producer begins meanwhile
+        except psycopg.Error as error:
+            errors.append(error.sqlstate)
+
+    threads = [threading.Thread(target=produce, args=(offset,)) for offset in (0, 0.1, 0.2)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
 def test_a_key_producers_keep_holding_is_handed_on_all_the_same(fast_worker, receivers):
     """The pick-up leaves alone a head whose key a producer holds. Producers whose transactions
     overlap, each beginning before the last one ends, hold the key all the time: left alone, the
@@ -634,19 +657,8 @@ def test_a_key_producers_keep_holding_is_handed_on_all_the_same(fast_worker, rec
     receiver = receivers()
     enqueue(db, "booking.created", 0, "booking:42")  # the head; nobody delivers the topic yet
     stop = threading.Event()
-    enqueued = []
-
-    def produce(offset):
-        time.sleep(offset)
-        with connect() as producer:
-            while not stop.is_set():
-                with producer.transaction():
-                    enqueued.append(enqueue(producer, "booking.created", 1, "booking:42"))
-                    time.sleep(0.3)  # the next producer begins meanwhile
-
-    threads = [threading.Thread(target=produce, args=(offset,)) for offset in (0, 0.1, 0.2)]
-    for thread in threads:
-        thread.start()
+    enqueued, errors = [], []
+    threads = producers_keep_holding("booking:42", 1, stop, enqueued, errors)
     try:
         time.sleep(0.5)  # the key held all the time from here on
         db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
@@ -656,6 +668,7 @@ def test_a_key_producers_keep_holding_is_handed_on_all_the_same(fast_worker, rec
         stop.set()
         for thread in threads:
             thread.join()
+    assert errors == []
     receiver.wait_for(1 + len(enqueued), timeout=20)
 
 
@@ -673,18 +686,7 @@ def test_a_producer_of_two_keys_and_the_worker_waiting_for_them_deadlock_no_one(
     enqueue(db, "booking.created", 2, "booking:42")
     log = ServerLog()
     stop = threading.Event()
-    errors = []
-
-    def produce(key, offset):
-        time.sleep(offset)
-        try:
-            with connect() as producer:
-                while not stop.is_set():
-                    with producer.transaction():
-                        enqueue(producer, "booking.created", 0, key)
-                        time.sleep(0.3)  # the next producer begins meanwhile
-        except psycopg.Error as error:
-            errors.append(error.sqlstate)
+    enqueued, errors = [], []
 
     def produce_both():
         try:
@@ -695,10 +697,8 @@ def test_a_producer_of_two_keys_and_the_worker_waiting_for_them_deadlock_no_one(
         except psycopg.Error as error:
             errors.append(error.sqlstate)
 
-    threads = [threading.Thread(target=produce, args=(key, offset)) for key in ("booking:1", "booking:42") for offset in (0, 0.1, 0.2)]
+    threads = [thread for key in ("booking:1", "booking:42") for thread in producers_keep_holding(key, 0, stop, enqueued, errors)]
     both = threading.Thread(target=produce_both)
-    for thread in threads:
-        thread.start()
     try:
         time.sleep(0.5)  # both keys held all the time from here on
         db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
