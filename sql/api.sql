@@ -95,7 +95,7 @@ COMMENT ON FUNCTION outbox_fail(bigint, text, uuid, interval) IS
 -- Ordering keys (src/ordering): once the claimable message of a key has ended (DONE or DEAD)
 -- or gone to the delivery worker, the oldest message waiting behind it becomes claimable.
 -- Called by the functions that end messages, in the same transaction. Not for any role. The
--- rule and its locks are in src/ordering (lock_keys.sql, release_messages.sql).
+-- rule and its locks are in src/ordering (key_locks.rs, release_messages.sql).
 CREATE OR REPLACE FUNCTION outbox_release_keys(keys text[]) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'outbox_release_keys_c';

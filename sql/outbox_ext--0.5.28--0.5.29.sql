@@ -235,7 +235,7 @@ COMMENT ON FUNCTION outbox_fail(bigint, text, uuid, interval) IS
 -- Ordering keys (src/ordering): once the claimable message of a key has ended (DONE or DEAD)
 -- or gone to the delivery worker, the oldest message waiting behind it becomes claimable.
 -- Called by the functions that end messages, in the same transaction. Not for any role. The
--- rule and its locks are in src/ordering (lock_keys.sql, release_messages.sql).
+-- rule and its locks are in src/ordering (key_locks.rs, release_messages.sql).
 CREATE OR REPLACE FUNCTION outbox_release_keys(keys text[]) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'outbox_release_keys_c';
@@ -900,23 +900,19 @@ BEGIN
     -- waited for the endpoint waited in a circle with it (40P01 after deadlock_timeout).
     PERFORM pg_advisory_xact_lock('@extschema@.outbox_delivery'::regclass::oid::int4, e.hash)
        FROM (SELECT DISTINCT hashint8(e.subscription_id) AS hash FROM unnest(endpoints) AS e(subscription_id) ORDER BY 1) e;
-    -- The keys' locks, in one pass in the hashes' order, as every other taker of several keys
-    -- takes them (src/ordering/lock_keys.sql), so that none waits for another in a circle:
-    -- exclusively those of the requeued messages, which outbox_release_keys hands on below (it
-    -- finds them held); shared those of the requeued deliveries, held as a producer holds a key
-    -- it queues behind until this transaction ends, as outbox_redeliver does: meanwhile the
-    -- worker leaves the keys' newer messages alone, rather than make one the key's head at an
-    -- endpoint beside a requeued delivery (it waited for this commit, every endpoint with it,
-    -- and then failed on outbox_delivery_key_head_idx).
-    PERFORM CASE WHEN k.exclusive
-                 THEN pg_advisory_xact_lock('@extschema@.outbox'::regclass::oid::int4, k.hash)
-                 ELSE pg_advisory_xact_lock_shared('@extschema@.outbox'::regclass::oid::int4, k.hash) END
-       FROM (SELECT l.hash, bool_or(l.exclusive) AS exclusive
-               FROM (SELECT hashtext(m.key) AS hash, true AS exclusive FROM unnest(keys) AS m(key)
-                     UNION ALL
-                     SELECT hashtext(d.key), false FROM unnest(endpoint_keys) AS d(key)) l
-              GROUP BY l.hash
-              ORDER BY l.hash) k;
+    -- The keys of the requeued deliveries, held as a producer holds a key it queues behind
+    -- (shared) until this transaction ends, as outbox_redeliver does: meanwhile the worker
+    -- leaves the keys' newer messages alone, rather than make one the key's head at an endpoint
+    -- beside a requeued delivery (it waited for this commit, every endpoint with it, and then
+    -- failed on outbox_delivery_key_head_idx). Those of the requeued messages outbox_release_keys
+    -- takes below, exclusively, never holding one while it waits for another
+    -- (src/ordering/key_locks.rs); held shared here first, two requeues of one key would each
+    -- wait for the other's share.
+    PERFORM pg_advisory_xact_lock_shared('@extschema@.outbox'::regclass::oid::int4, d.hash)
+       FROM (SELECT DISTINCT hashtext(d.key) AS hash
+               FROM unnest(endpoint_keys) AS d(key)
+              WHERE d.key <> ALL (coalesce(keys, '{}'))
+              ORDER BY 1) d;
     IF keys IS NOT NULL THEN
         PERFORM @extschema@.outbox_release_keys(keys);
     END IF;

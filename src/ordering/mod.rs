@@ -17,13 +17,16 @@
 //! consumer that merely holds the head (a claim without a lease, for as long as its handler
 //! runs) does not hold the producer up.
 
+mod key_locks;
+
+pub use key_locks::key_lock_space;
+
 use crate::fmgr::sql_function;
 use crate::spi::{schema_of_function, Spi, Statement};
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
 static LOCK_HEAD: Statement = Statement::new(include_str!("lock_head.sql"), &[TEXTOID]);
-static LOCK_KEYS: Statement = Statement::new(include_str!("lock_keys.sql"), &[TEXTARRAYOID, INT4OID]);
 static RELEASE_MESSAGES: Statement = Statement::new(include_str!("release_messages.sql"), &[TEXTARRAYOID]);
 static STEP_BACK_NEWER_HEADS: Statement = Statement::new(include_str!("step_back_newer_heads.sql"), &[TEXTARRAYOID]);
 static RELEASE_DELIVERIES: Statement = Statement::new(include_str!("release_deliveries.sql"), &[INT8ARRAYOID, TEXTARRAYOID]);
@@ -41,43 +44,20 @@ pub fn hold_key_for_producer(spi: &mut Spi, schema: pg_sys::Oid, key: pg_sys::Da
 }
 
 /// A producer about to add a message to ordering key `key` (a text datum), in READ COMMITTED:
-/// holds the key's advisory lock shared until the transaction ends. Whoever releases the key
-/// takes it exclusively first (lock_keys.sql, with the same tag: outbox's OID as an int4 and
-/// `hashtext(key)`), so it waits for this transaction and then sees its message; a consumer that
-/// holds the key's head (a claim without a lease) does not hold this producer up.
+/// holds the key's lock shared until the transaction ends (key_locks.rs). Whoever releases the
+/// key takes it exclusively first, so it waits for this transaction and then sees its message;
+/// a consumer that holds the key's head (a claim without a lease) does not hold this producer up.
 ///
 /// Returns false, holding nothing, under REPEATABLE READ or SERIALIZABLE: there the producer's
 /// one snapshot could predate a release it waited for, so it locks the head row instead
 /// (lock_head.sql).
 pub fn hold_key_in_read_committed(schema: pg_sys::Oid, key: pg_sys::Datum) -> bool {
-    // SAFETY: XactIsoLevel is this backend's; hashtext(text) and pg_advisory_xact_lock_shared(
-    // int4, int4) are called through fmgr with datums of their argument types (hashtext with
-    // the collation SQL's `hashtext($1)` gives it).
-    unsafe {
-        if pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
-            return false;
-        }
-        let hash = pg_sys::OidFunctionCall1Coll(
-            pg_sys::Oid::from(pg_sys::F_HASHTEXT),
-            pg_sys::Oid::from(pg_sys::BuiltinOid::DEFAULT_COLLATION_OID),
-            key,
-        );
-        pg_sys::OidFunctionCall2Coll(
-            pg_sys::Oid::from(pg_sys::F_PG_ADVISORY_XACT_LOCK_SHARED_INT4_INT4),
-            pg_sys::InvalidOid,
-            pg_sys::Datum::from(key_lock_space(schema)),
-            hash,
-        );
+    // SAFETY: XactIsoLevel is this backend's.
+    if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
+        return false;
     }
+    key_locks::hold_for_producer(schema, key);
     true
-}
-
-/// The first half of the tag of every key's advisory lock: outbox's oid as an int4, as SQL's
-/// `'outbox'::regclass::oid::int4` makes it (the same bits). Passed to lock_keys.sql as a value:
-/// a statement must not name the schema inside a literal, where a schema renamed to a name with
-/// a quote would end the literal. (The worker's pick-up tries the keys' locks: pick_up.sql.)
-pub fn key_lock_space(schema: pg_sys::Oid) -> i32 {
-    lock_space(schema, c"outbox")
 }
 
 /// The first half of the tag of the advisory locks named after the extension's table `table`:
@@ -87,14 +67,9 @@ fn lock_space(schema: pg_sys::Oid, table: &std::ffi::CStr) -> i32 {
 }
 
 /// Takes the lock of ordering key `key` exclusively until the transaction ends, waiting for the
-/// producers holding it (lock_keys.sql): the worker's pick-up, for a key they keep holding.
+/// producers holding it (key_locks.rs): the worker's pick-up, for a key they keep holding.
 pub fn lock_key(spi: &mut Spi, schema: pg_sys::Oid, key: &str) {
-    lock_keys(spi, schema, vec![key.to_string()].into_datum());
-}
-
-/// lock_keys.sql for the keys `keys` (a text[] datum).
-fn lock_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>) {
-    spi.execute(&LOCK_KEYS, schema, &[keys, Some(pg_sys::Datum::from(key_lock_space(schema)))]);
+    key_locks::lock_keys(spi, schema, vec![key.to_string()].into_datum());
 }
 
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
@@ -114,7 +89,7 @@ fn release_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>,
     if keys.is_none() {
         return 0;
     }
-    lock_keys(spi, schema, keys);
+    key_locks::lock_keys(spi, schema, keys);
     if step_back_newer_heads {
         spi.execute(&STEP_BACK_NEWER_HEADS, schema, &[keys]);
     }

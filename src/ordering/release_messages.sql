@@ -1,8 +1,9 @@
 -- The ordering keys $1 of messages that just ended (DONE or DEAD) or went to the delivery
 -- worker: for each key without a head (a claimable message) now, the oldest message waiting
--- behind it becomes the head. Run after lock_keys.sql, and over every row committed before it
--- starts (not the transaction's snapshot: under REPEATABLE READ a producer's message committed
--- since would be missed, and wait for ever behind a head that is gone). Returns how many.
+-- behind it becomes the head. Run once key_locks.rs holds the keys' locks, and over every row
+-- committed before it starts (not the transaction's snapshot: under REPEATABLE READ a
+-- producer's message committed since would be missed, and wait for ever behind a head that is
+-- gone). Returns how many.
 WITH next AS (
     SELECT (SELECT q.id
               FROM ONLY @extschema@.outbox q

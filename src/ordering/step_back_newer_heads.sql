@@ -2,7 +2,8 @@
 -- their key (src/worker/unhand_messages.sql). Handing them over had let a newer message of the
 -- key become its head: unless someone holds that head (a lease running, or a claim's row lock),
 -- it steps back into the queue, so that release_messages.sql makes the oldest the head again.
--- A head someone holds keeps its place. Run after lock_keys.sql. Returns the heads stepped back.
+-- A head someone holds keeps its place. Run once key_locks.rs holds the keys' locks. Returns
+-- the heads stepped back.
 UPDATE ONLY @extschema@.outbox h
    SET waiting_for = 'ordering_key'::@extschema@.outbox_wait
   FROM (SELECT c.id

@@ -135,7 +135,7 @@ def test_a_requeue_takes_its_keys_locks_in_the_order_every_other_taker_does(db):
     """outbox_requeue_dead locks the keys of the messages it requeues (exclusively) and of the
     deliveries it requeues (shared). Taken in two passes, each in the hashes' order, it could
     wait in a circle with a consumer ending heads of both keys, who takes them in one pass in
-    the hashes' order (src/ordering/lock_keys.sql): PostgreSQL broke the circle by failing one
+    the hashes' order (then; src/ordering/key_locks.rs): PostgreSQL broke the circle by failing one
     of them with 40P01 (the review of this stop's change)."""
     low, high = [r[0] for r in db.execute(
         "SELECT k FROM unnest(ARRAY['booking:1', 'booking:2']) k ORDER BY hashtext(k)").fetchall()]
@@ -182,6 +182,51 @@ def outcome_of_a_call_and_a_session_taking_two_locks(call, first, second):
         session.rollback()
         thread.join(timeout=10)
     return outcome
+
+
+@pytest.mark.parametrize("release", ["complete_batch", "requeue"])
+def test_a_producer_of_two_keys_and_a_release_of_both_deadlock_no_one(db, release):
+    """A release of several keys in one call (outbox_complete_batch, outbox_requeue_dead; a
+    claim's dead letters and the worker's unhand too) took their locks in the hashes' order,
+    waiting for each while holding those before it. A producer holds each key it enqueues with
+    until it commits, in the order its transaction enqueues: one that held the later key and
+    then enqueued with the earlier one waited for the release while the release waited for it,
+    and PostgreSQL failed one of them with 40P01: the producer's business transaction when its
+    deadlock_timeout ran out first, as here. A release now waits for one key at a time, holding
+    none of the others (src/ordering/key_locks.rs)."""
+    low, high = [r[0] for r in db.execute(
+        "SELECT k FROM unnest(ARRAY['booking:1', 'booking:2']) k ORDER BY hashtext(k)").fetchall()]
+    if release == "complete_batch":
+        enqueue(db, "booking.created", 1, low)
+        enqueue(db, "booking.created", 2, high)
+        heads = claim(db)
+        call = ("SELECT outbox_complete_batch(%s, %s)", ([r[0] for r in heads], [r[3] for r in heads]))
+    else:
+        for key in (low, high):  # dead letters of an SQL consumer's topic
+            db.execute("""INSERT INTO outbox (topic, payload, ordering_key, status, processed_at, attempts)
+                          VALUES ('invoice.paid', '{}', %s, 'DEAD', now(), 5)""", (key,))
+        call = ("SELECT outbox_requeue_all()", ())
+    outcome = {}
+
+    def releaser():
+        with connect(autocommit=True) as conn:
+            outcome["released"] = conn.execute(*call).fetchone()[0]
+
+    with connect() as producer:
+        producer.execute("SET deadlock_timeout = '100ms'")
+        enqueue(producer, "booking.created", 3, high)
+        thread = threading.Thread(target=releaser)
+        thread.start()
+        time.sleep(0.5)  # the release waits for `high`: before, holding `low` meanwhile
+        try:
+            enqueue(producer, "booking.created", 4, low)
+            producer.commit()
+        except psycopg.Error as error:
+            outcome["producer"] = error.sqlstate
+        thread.join(timeout=10)
+    assert outcome == {"released": 2}, outcome
+    # Both keys went on: one message of each is claimable.
+    assert sorted(r[2] for r in claim(db)) == sorted([low, high])
 
 
 @pytest.mark.parametrize("operators_call", ["requeue", "redeliver"])
@@ -703,7 +748,10 @@ def test_a_producer_of_two_keys_and_the_worker_waiting_for_them_deadlock_no_one(
         time.sleep(0.5)  # both keys held all the time from here on
         db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
         time.sleep(1.5)  # both heads left alone for longer than the patience
-        with PausedAt(worker_pid(db.info.dbname), "pg_advisory_xact_lock_int4") as paused:
+        # (LockAcquire of an advisory lock, exclusive, waiting: the arguments' registers on
+        # x86-64; LOCKTAG's locktag_type is its 15th byte.)
+        waits_for_a_key = "LockAcquire if *(unsigned char *) ($rdi + 14) == 10 && $esi == 7 && $ecx == 0"
+        with PausedAt(worker_pid(db.info.dbname), waits_for_a_key) as paused:
             paused.wait()
             both.start()
             time.sleep(0.2)  # it holds booking:42
