@@ -41,7 +41,14 @@ pub struct Claimed {
 /// was full, or ordering keys were released: their next messages are ready). Messages whose
 /// topic an operator, or whose ordering key a producer, is changing in an open transaction are
 /// left for a later pick-up (held_back.rs).
-pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, batch: i32, now: pg_sys::TimestampTz) -> bool {
+pub fn fan_out(
+    spi: &mut Spi,
+    schema: pg_sys::Oid,
+    endpoints: &mut Endpoints,
+    batch: i32,
+    now: pg_sys::TimestampTz,
+    may_wait_for_a_key: bool,
+) -> bool {
     let started = Instant::now();
     let topics = endpoints.held_back_topics.excluding(endpoints.topics(), started);
     if topics.is_empty() {
@@ -52,8 +59,11 @@ pub fn fan_out(spi: &mut Spi, schema: pg_sys::Oid, endpoints: &mut Endpoints, ba
     let topics = Some(topics);
     let start_from = endpoints.fan_out_head.start(&topics, started);
     // A key producers keep holding is waited for first, holding no other key meanwhile
-    // (held_back.rs, to_wait_for); the pick-up then finds it held.
-    if let Some(key) = endpoints.held_back_keys.to_wait_for(started) {
+    // (held_back.rs, to_wait_for); the pick-up then finds it held. Not by a step that holds
+    // keys already (`may_wait_for_a_key` false): a producer holding this key may be about to
+    // enqueue with one of those, and would wait for the worker while the worker waited for it.
+    // The next step waits.
+    if let Some(key) = endpoints.held_back_keys.to_wait_for(started).filter(|_| may_wait_for_a_key) {
         ordering::lock_key(spi, schema, &key);
     }
     // Lock the messages and their ordering keys first; their deliveries are made by a second

@@ -464,13 +464,16 @@ impl Worker {
             self.next_refresh = Instant::now() + self.settings.poll_interval;
             self.messages_may_be_ready = true;
         }
+        // Whether this step holds ordering keys' locks from here on (messages handed back to
+        // their keys): then its pick-up waits for no other key (claim::fan_out).
+        let mut holds_keys = false;
         if claiming && self.endpoints.look_for_orphans {
             let endpoints = &mut self.endpoints;
-            record::settle_orphans(&mut spi, schema, &mut endpoints.settling_held, &mut endpoints.unhanding_held);
+            holds_keys |= record::settle_orphans(&mut spi, schema, &mut endpoints.settling_held, &mut endpoints.unhanding_held);
             endpoints.look_for_orphans = false;
         }
         self.unhanding_again.extend(self.endpoints.unhanding_held.take_due(Instant::now()));
-        record::unhand(&mut spi, schema, self.unhanding_again.clone(), &mut self.endpoints.unhanding_held);
+        holds_keys |= record::unhand(&mut spi, schema, self.unhanding_again.clone(), &mut self.endpoints.unhanding_held);
         // Queued for endpoints disabled (by the breaker, an operator) or gone: not sent. (A
         // worker not claiming emptied every queue before the step.)
         self.handing_back.extend(self.endpoints.take_unsendable(false));
@@ -479,7 +482,7 @@ impl Worker {
             let (now, claimed_at) = (crate::backend::now(), Instant::now());
             if self.messages_may_be_ready {
                 let batch = self.settings.batch_size;
-                self.messages_may_be_ready = claim::fan_out(&mut spi, schema, &mut self.endpoints, batch, now);
+                self.messages_may_be_ready = claim::fan_out(&mut spi, schema, &mut self.endpoints, batch, now, !holds_keys);
             }
             let held = self.pool.bytes_in_flight() + self.endpoints.bytes_queued() + self.bytes_handing_back();
             let mut budget = (self.settings.max_payload_bytes as i64 - held as i64).max(0);

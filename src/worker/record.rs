@@ -317,8 +317,9 @@ fn settle_locked_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i6
 /// After endpoints were unsubscribed (their deliveries deleted with them): messages whose other
 /// deliveries have all ended end (settle_messages: those another transaction holds go to
 /// `settling_held`); those left without any delivery are no longer the worker's
-/// ([`unhand`]: those held go to `unhanding_held`).
-pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, settling_held: &mut HeldBack<i64>, unhanding_held: &mut HeldBack<i64>) {
+/// ([`unhand`]: those held go to `unhanding_held`). Returns whether it took ordering keys' locks
+/// ([`unhand`]).
+pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, settling_held: &mut HeldBack<i64>, unhanding_held: &mut HeldBack<i64>) -> bool {
     let rows = spi.execute_by_index(&ORPHANED, schema, &[]);
     let (mut with_deliveries, mut without) = (Vec::new(), Vec::new());
     for row in 0..rows.len() {
@@ -329,26 +330,30 @@ pub fn settle_orphans(spi: &mut Spi, schema: pg_sys::Oid, settling_held: &mut He
             without.push(id)
         }
     }
-    unhand(spi, schema, without, unhanding_held);
+    let took_keys = unhand(spi, schema, without, unhanding_held);
     settle_messages(spi, schema, with_deliveries, settling_held);
+    took_keys
 }
 
 /// Lets go messages `ids` left without deliveries (unhand_messages.sql): PENDING for whoever
 /// comes next. Those another transaction holds (a redelivery adding a delivery, not yet
-/// committed) go to `held`, for a later step, rather than be waited for.
-pub fn unhand(spi: &mut Spi, schema: pg_sys::Oid, mut ids: Vec<i64>, held: &mut HeldBack<i64>) {
+/// committed) go to `held`, for a later step, rather than be waited for. Returns whether it took
+/// the locks of their ordering keys (held until the step commits).
+pub fn unhand(spi: &mut Spi, schema: pg_sys::Oid, mut ids: Vec<i64>, held: &mut HeldBack<i64>) -> bool {
     if ids.is_empty() {
-        return;
+        return false;
     }
     let held_now = lock_messages(spi, schema, ids.clone());
     ids.retain(|id| !held_now.contains(id));
     held.hold(held_now, Instant::now());
     if ids.is_empty() {
-        return;
+        return false;
     }
     let unhanded = spi.execute_seeing_latest_commits(&UNHAND, schema, &[ids.into_datum()]);
     let keys: Vec<String> = (0..unhanded.len()).filter_map(|row| unhanded.get_text(row, 1)).collect();
-    if !keys.is_empty() {
-        ordering::requeue_in_key_order(spi, schema, keys.into_datum());
+    if keys.is_empty() {
+        return false;
     }
+    ordering::requeue_in_key_order(spi, schema, keys.into_datum());
+    true
 }

@@ -748,10 +748,7 @@ def test_a_producer_of_two_keys_and_the_worker_waiting_for_them_deadlock_no_one(
         time.sleep(0.5)  # both keys held all the time from here on
         db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
         time.sleep(1.5)  # both heads left alone for longer than the patience
-        # (LockAcquire of an advisory lock, exclusive, waiting: the arguments' registers on
-        # x86-64; LOCKTAG's locktag_type is its 15th byte.)
-        waits_for_a_key = "LockAcquire if *(unsigned char *) ($rdi + 14) == 10 && $esi == 7 && $ecx == 0"
-        with PausedAt(worker_pid(db.info.dbname), waits_for_a_key) as paused:
+        with PausedAt(worker_pid(db.info.dbname), waits_for_a_key()) as paused:
             paused.wait()
             both.start()
             time.sleep(0.2)  # it holds booking:42
@@ -764,3 +761,79 @@ def test_a_producer_of_two_keys_and_the_worker_waiting_for_them_deadlock_no_one(
     assert "deadlock detected" not in log.since()
     eventually(lambda: {json.loads(r["body"])["n"] for r in receiver.requests} >= {1, 2, 3, 4}, timeout=20,
                what="every message of both keys")
+
+
+def waits_for_a_key(hash=None):
+    """A gdb breakpoint at the worker's wait for a key's lock (of the key whose hashtext is
+    `hash`, if given): LockAcquire of an advisory lock, exclusive, waiting. The arguments'
+    registers on x86-64; LOCKTAG's locktag_type is its 15th byte, its third field the hash."""
+    condition = "*(unsigned char *) ($rdi + 14) == 10 && $esi == 7 && $ecx == 0"
+    if hash is not None:
+        condition += f" && *(int *) ($rdi + 8) == {hash}"
+    return f"LockAcquire if {condition}"
+
+
+def test_a_step_that_hands_a_key_back_waits_for_no_key_producers_keep_holding(fast_worker, receivers):
+    """A step hands messages left without deliveries (every endpoint unsubscribed meanwhile)
+    back to their keys, holding those keys until it commits. The same step's pick-up then
+    waited for a key producers keep holding (KEY_PATIENCE): a producer that held that key and
+    enqueued with one handed back waited for the worker while the worker waited for it, until
+    PostgreSQL failed one of them with 40P01 (stop 51's leftover). Such a step waits for no key
+    now; the next one does. The worker is held where it takes the handed-back key's lock for
+    longer than the patience, then stopped where it waits for the producers' key."""
+    db = fast_worker
+    receiver = receivers()
+    held_key, handed_back = "booking:1", "booking:2"
+    held_hash, handed_back_hash = db.execute("SELECT hashtext(%s), hashtext(%s)", (held_key, handed_back)).fetchone()
+    enqueue(db, "booking.created", 1, held_key)
+    log = ServerLog()
+    stop = threading.Event()
+    enqueued, errors = [], []
+    threads = producers_keep_holding(held_key, 0, stop, enqueued, errors)
+    try:
+        time.sleep(0.5)  # the key held all the time from here on
+        db.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+        db.execute("SELECT outbox_subscribe('invoice.sent', %s)", (receiver.url,))
+        time.sleep(0.5)  # its head left alone
+        outcome = {}
+
+        def produce_both():
+            try:
+                with connect() as producer, producer.transaction():
+                    enqueue(producer, "booking.created", 2, held_key)
+                    outcome["id"] = enqueue(producer, "invoice.paid", 3, handed_back)
+            except psycopg.Error as error:
+                outcome["error"] = error.sqlstate
+
+        both = threading.Thread(target=produce_both)
+        worker = worker_pid(db.info.dbname)
+
+        def worker_waits_for_the_key():
+            return db.execute("""SELECT EXISTS (SELECT FROM pg_locks WHERE pid = %s AND locktype = 'advisory'
+                                                   AND objid::int = %s AND NOT granted)""", (worker, held_hash)).fetchone()[0]
+
+        with PausedAt(worker, waits_for_a_key(held_hash), after=waits_for_a_key(handed_back_hash), linger=1.5) as paused:
+            paused.wait_until_armed()
+            # Once the worker has waited for the key and handed its head on, the next head is
+            # left alone from the next step, with new messages behind it at the steps after:
+            # patience runs out a second later, while the worker is held where it hands the
+            # other key back.
+            eventually(worker_waits_for_the_key, timeout=10, interval=0.01, what="the worker waiting for the key")
+            eventually(lambda: not worker_waits_for_the_key(), timeout=10, interval=0.01, what="the wait's end")
+            time.sleep(0.5)
+            # A message the worker took whose endpoints are all gone (as an unsubscribe leaves
+            # it), and an unsubscribe, after which the worker looks for such messages.
+            db.execute("""INSERT INTO outbox (topic, payload, ordering_key, status, waiting_for)
+                          VALUES ('invoice.paid', '{}', %s, 'PENDING', 'deliveries')""", (handed_back,))
+            db.execute("SELECT outbox_unsubscribe('invoice.sent')")
+            paused.wait()
+            both.start()
+            time.sleep(0.3)  # the producer holds its key, and (before) then waited for the worker's
+        both.join(timeout=15)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert errors == [] and "id" in outcome, (errors, outcome)
+    assert "deadlock detected" not in log.since()
+

@@ -116,9 +116,12 @@ class PausedAt:
     For a race of a few microseconds that sleeps cannot place. Needs gdb (on every machine
     this project builds on) and the right to trace the process (root, as the tests run).
     With `only_that_thread`, the process's other threads (the delivery worker's helper
-    threads, sending requests) go on meanwhile: gdb's non-stop mode."""
+    threads, sending requests) go on meanwhile: gdb's non-stop mode. With `after`, it stops only
+    at a call that comes after one of `after` (another breakpoint's spec), where the process is
+    first held `linger` seconds (for a time the test needs to pass right there)."""
 
-    def __init__(self, pid: int, function: str, timeout: float = 30.0, only_that_thread: bool = False):
+    def __init__(self, pid: int, function: str, timeout: float = 30.0, only_that_thread: bool = False,
+                 after: str | None = None, linger: float = 0.0):
         import subprocess
         import tempfile
 
@@ -128,9 +131,16 @@ class PausedAt:
         # What to do at the breakpoint runs only there: should gdb fail to attach or to set it,
         # `stopped` never appears and wait() says why.
         attached = ["python", "if not gdb.selected_inferior().pid: gdb.execute('quit 1')", "end"]
-        script = ["set pagination off", "set confirm off", *attached, f"break {function}", "commands",
-                  f"shell touch {stopped}", f"shell while [ ! -e {go} ]; do sleep 0.02; done",
-                  "delete", "detach", "quit", "end"]
+        script = ["set pagination off", "set confirm off", *attached]
+        if after:  # breakpoint 1, which lets breakpoint 2 (`function`) stop the process
+            script += [f"break {after}", "commands", "silent", f"shell sleep {linger}", "enable 2", "continue", "end"]
+        script += [f"break {function}", "commands",
+                   f"shell touch {stopped}", f"shell while [ ! -e {go} ]; do sleep 0.02; done",
+                   "delete", "detach", "quit", "end"]
+        if after:
+            script += ["disable 2"]
+        armed = self.signals / "armed"
+        script += [f"shell touch {armed}"]
         if only_that_thread:
             # Non-stop: `continue -a` lets every thread go, and the breakpoint stops only the
             # thread that reaches it. Threads that stop otherwise (attaching stops each, some a
@@ -147,7 +157,7 @@ class PausedAt:
             script += ["continue"]
             arguments = ["gdb", "--nx", "--batch", "-p", str(pid), "-x", str(script_file)]
         script_file.write_text("\n".join(script + [""]))
-        self.stopped, self.go = stopped, go
+        self.stopped, self.go, self.armed = stopped, go, armed
         self.gdb = subprocess.Popen(arguments, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def __enter__(self):
@@ -155,8 +165,15 @@ class PausedAt:
 
     def wait(self):
         """Returns once the process is stopped in the function."""
+        self._wait_for(self.stopped)
+
+    def wait_until_armed(self):
+        """Returns once the breakpoints are set (the process goes on until it reaches them)."""
+        self._wait_for(self.armed)
+
+    def _wait_for(self, signal):
         deadline = time.monotonic() + self.timeout
-        while not self.stopped.exists():
+        while not signal.exists():
             if self.gdb.poll() is not None or time.monotonic() > deadline:
                 self.gdb.kill()
                 output = self.gdb.communicate()[0]
