@@ -45,14 +45,27 @@ pub fn lock_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>
         only.wait(Mode::Exclusive); // nothing else of this call to hold while it waits
         return;
     }
+    take_all_waiting_for_one_at_a_time(
+        locks.len(),
+        |index| locks[index].wait(Mode::Exclusive),
+        |index| locks[index].try_take(Mode::Exclusive),
+        |index| locks[index].give_back(Mode::Exclusive),
+    );
+}
+
+/// Takes locks `0..count` with `wait` (waits for the lock's holders), `try_take` (takes it if
+/// nobody holds it) and `give_back`, never waiting while it holds one it took: it tries them
+/// all; when one is held, it gives back those it took, waits for that one alone, and tries the
+/// others again holding it.
+fn take_all_waiting_for_one_at_a_time(count: usize, wait: impl Fn(usize), try_take: impl Fn(usize) -> bool, give_back: impl Fn(usize)) {
     let mut waited_for: Option<usize> = None;
     loop {
         if let Some(index) = waited_for {
-            locks[index].wait(Mode::Exclusive);
+            wait(index);
         }
-        let mut taken = Vec::with_capacity(locks.len());
-        let held = (0..locks.len()).filter(|&index| Some(index) != waited_for).find(|&index| {
-            let got = locks[index].try_take(Mode::Exclusive);
+        let mut taken = Vec::with_capacity(count);
+        let held = (0..count).filter(|&index| Some(index) != waited_for).find(|&index| {
+            let got = try_take(index);
             if got {
                 taken.push(index);
             }
@@ -60,7 +73,7 @@ pub fn lock_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>
         });
         let Some(held) = held else { return };
         for index in taken.into_iter().chain(waited_for) {
-            locks[index].give_back(Mode::Exclusive);
+            give_back(index);
         }
         waited_for = Some(held);
     }
@@ -132,4 +145,58 @@ fn hash_of(key: pg_sys::Datum) -> i32 {
         )
     };
     hash.value() as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_all_waiting_for_one_at_a_time;
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+
+    /// Locks that others hold, and what happens while one of ours is waited for: `on_wait`
+    /// gives, for each wait, the lock others take meanwhile (besides giving the awaited one up).
+    struct Others {
+        holding: BTreeSet<usize>,
+        on_wait: Vec<Option<usize>>,
+    }
+
+    /// Runs the taking over `count` locks against `others`; returns what we hold at the end
+    /// and the locks waited for, in order. Fails if we ever wait while holding a lock.
+    fn take(count: usize, holding: &[usize], on_wait: &[Option<usize>]) -> (BTreeSet<usize>, Vec<usize>) {
+        let others = RefCell::new(Others { holding: holding.iter().copied().collect(), on_wait: on_wait.to_vec() });
+        let ours = RefCell::new(BTreeSet::new());
+        let waits = RefCell::new(Vec::new());
+        take_all_waiting_for_one_at_a_time(
+            count,
+            |index| {
+                assert!(ours.borrow().is_empty(), "waited for {index} holding {:?}", ours.borrow());
+                waits.borrow_mut().push(index);
+                let mut others = others.borrow_mut();
+                others.holding.remove(&index);
+                if let Some(Some(next)) = (!others.on_wait.is_empty()).then(|| others.on_wait.remove(0)) {
+                    others.holding.insert(next);
+                }
+                ours.borrow_mut().insert(index);
+            },
+            |index| !others.borrow().holding.contains(&index) && ours.borrow_mut().insert(index),
+            |index| assert!(ours.borrow_mut().remove(&index), "gave back {index}, not held"),
+        );
+        (ours.into_inner(), waits.into_inner())
+    }
+
+    #[test]
+    fn takes_every_lock_nobody_holds_without_waiting() {
+        assert_eq!(take(4, &[], &[]), ((0..4).collect(), vec![]));
+    }
+
+    #[test]
+    fn waits_for_a_held_lock_holding_none_of_the_others() {
+        assert_eq!(take(4, &[2], &[]), ((0..4).collect(), vec![2]));
+    }
+
+    #[test]
+    fn waits_again_for_a_lock_taken_meanwhile_giving_back_the_one_it_waited_for() {
+        // Others hold 1; while we wait for it they take 3, then, while we wait for 3, nothing.
+        assert_eq!(take(4, &[1], &[Some(3), None]), ((0..4).collect(), vec![1, 3]));
+    }
 }
