@@ -131,14 +131,19 @@ def test_a_requeued_dead_delivery_is_released_at_its_endpoint_when_the_key_is_fr
     assert db.execute("SELECT status, waiting_for FROM outbox WHERE id = %s", (dead,)).fetchone() == ("PENDING", "deliveries")
 
 
+def two_keys_in_their_locks_order(db):
+    """Two ordering keys, the one whose lock's hash (hashtext) is lower first."""
+    return [r[0] for r in db.execute(
+        "SELECT k FROM unnest(ARRAY['booking:1', 'booking:2']) k ORDER BY hashtext(k)").fetchall()]
+
+
 def test_a_requeue_takes_its_keys_locks_in_the_order_every_other_taker_does(db):
     """outbox_requeue_dead locks the keys of the messages it requeues (exclusively) and of the
     deliveries it requeues (shared). Taken in two passes, each in the hashes' order, it could
     wait in a circle with a consumer ending heads of both keys, who takes them in one pass in
     the hashes' order (then; src/ordering/key_locks.rs): PostgreSQL broke the circle by failing one
     of them with 40P01 (the review of this stop's change)."""
-    low, high = [r[0] for r in db.execute(
-        "SELECT k FROM unnest(ARRAY['booking:1', 'booking:2']) k ORDER BY hashtext(k)").fetchall()]
+    low, high = two_keys_in_their_locks_order(db)
     endpoint = db.execute("SELECT outbox_subscribe('booking.created', 'http://127.0.0.1:9/hook')").fetchone()[0]
     # A dead message of `high` that no endpoint took (an SQL consumer's topic), and a dead
     # delivery of `low`.
@@ -194,8 +199,7 @@ def test_a_producer_of_two_keys_and_a_release_of_both_deadlock_no_one(db, releas
     and PostgreSQL failed one of them with 40P01: the producer's business transaction when its
     deadlock_timeout ran out first, as here. A release now waits for one key at a time, holding
     none of the others (src/ordering/key_locks.rs)."""
-    low, high = [r[0] for r in db.execute(
-        "SELECT k FROM unnest(ARRAY['booking:1', 'booking:2']) k ORDER BY hashtext(k)").fetchall()]
+    low, high = two_keys_in_their_locks_order(db)
     if release == "complete_batch":
         enqueue(db, "booking.created", 1, low)
         enqueue(db, "booking.created", 2, high)
