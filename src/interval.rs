@@ -3,7 +3,7 @@
 //! as PostgreSQL shows them (in error messages).
 
 use crate::error::{or_raise, Name, OutboxError};
-use crate::fmgr::sql_function;
+use crate::fmgr::{required, sql_function};
 use pgrx::datum::Interval;
 use std::cmp::Ordering;
 use std::time::Duration;
@@ -29,8 +29,10 @@ pub fn validate_reach(function: impl Into<Name>, argument: impl Into<Name>, valu
 // error the SQL-language functions owe their callers for an interval beyond reach (NULL passes:
 // each function says what NULL means for it).
 sql_function!(outbox_check_interval_wrapper, pg_finfo_outbox_check_interval_wrapper, |args| {
+    let function = required(args.text(0), "outbox_check_interval", "function");
+    let argument = required(args.text(1), "outbox_check_interval", "argument");
     if let Some(value) = args.interval(2) {
-        or_raise(validate_reach(args.text(0).unwrap_or_default(), args.text(1).unwrap_or_default(), &value));
+        or_raise(validate_reach(function, argument, &value));
     }
     pgrx::pg_sys::Datum::from(0)
 });
@@ -45,16 +47,37 @@ fn within_reach(months: i32, days: i32, micros: i64) -> bool {
 /// zero (a month as 30 days), '-1 year +361 days' is a day, but the clock goes back four or
 /// five days with it, and a lease of it had run out when it was given.
 ///
-/// An interval whose parts agree in sign moves the clock that way, however long its months: it
-/// is judged without the clock, which it could carry before 4713 BC, where timestamps begin
-/// ('-9000 years'). One whose parts disagree is within [`MAX_YEARS`] (checked first) of a small
-/// move, and the clock can take it.
+/// An interval whose move is clear without the clock (see [`sure_direction`]) is judged without
+/// it: the clock could not take it before 4713 BC, where timestamps begin ('-9000 years', and
+/// '-9999 years 1 day', whose parts disagree). Otherwise its move is within a few days per month
+/// of none, and within [`MAX_YEARS`] (checked first): the clock can take it.
 pub fn moves_clock(value: &Interval) -> Ordering {
-    if let Some(direction) = one_direction(value.months(), value.days(), value.micros()) {
+    if let Some(direction) = sure_direction(value.months(), value.days(), value.micros()) {
         return direction;
     }
     let now = pgrx::datum::clock_timestamp();
     (now + *value).into_inner().cmp(&now.into_inner())
+}
+
+/// The way an interval of these parts moves the clock, where that does not depend on the date it
+/// starts from: its parts agree in sign, or a month counted as short (28 days) or as long (31)
+/// as suits the other parts still leaves it more than two days (a day of the calendar is 23 to
+/// 25 hours across a change of the time zone's offset, a day more where a zone skipped a date)
+/// one way. `None` when only the clock can tell.
+fn sure_direction(months: i32, days: i32, micros: i64) -> Option<Ordering> {
+    if let Some(direction) = one_direction(months, days, micros) {
+        return Some(direction);
+    }
+    let (months, rest) = (i128::from(months), i128::from(days) * DAY_MICROS + i128::from(micros));
+    let (shortest, longest) = if months < 0 { (31, 28) } else { (28, 31) };
+    let (least, most) = (months * shortest * DAY_MICROS + rest, months * longest * DAY_MICROS + rest);
+    if most < -2 * DAY_MICROS {
+        Some(Ordering::Less)
+    } else if least > 2 * DAY_MICROS {
+        Some(Ordering::Greater)
+    } else {
+        None
+    }
 }
 
 /// The way an interval of these parts moves the clock when its parts agree (zero parts agree
@@ -72,8 +95,9 @@ fn one_direction(months: i32, days: i32, micros: i64) -> Option<Ordering> {
 }
 
 /// How far adding `value` to the clock now takes it ahead, as a duration (zero when it goes
-/// back): a month counts its calendar length, as in a delay or a lease (not 30 days). Within
-/// [`MAX_YEARS`] (checked first), the clock can take it.
+/// back): a month counts its calendar length, as in a delay or a lease (not 30 days). For an
+/// interval within [`MAX_YEARS`] that [`moves_clock`] does not find going back: the clock can
+/// take it (ahead, 10,000 years stay far inside what a timestamp holds).
 pub fn clock_move(value: &Interval) -> Duration {
     let now = pgrx::datum::clock_timestamp();
     let ahead = (now + *value).into_inner() - now.into_inner();
@@ -107,6 +131,23 @@ mod unit_tests {
         assert_eq!(one_direction(0, 0, 0), Some(Equal));
         assert_eq!(one_direction(-12, 361, 0), None);
         assert_eq!(one_direction(1, 0, -1), None);
+    }
+
+    #[test]
+    fn an_interval_far_one_way_moves_the_clock_that_way_without_it_whatever_its_parts() {
+        const DAY: i64 = 86_400_000_000;
+        // Back beyond 4713 BC, where the clock's arithmetic fails (PostgreSQL's 22008).
+        assert_eq!(sure_direction(-9_999 * 12, 1, 0), Some(Less));
+        assert_eq!(sure_direction(0, -3_000_000, 1), Some(Less));
+        assert_eq!(sure_direction(1, -40, 0), Some(Less)); // a month is at most 31 days
+        assert_eq!(sure_direction(-1, 34, 0), Some(Greater)); // ... and at least 28
+        assert_eq!(sure_direction(0, 3, -DAY / 2), Some(Greater));
+        assert_eq!(sure_direction(1, 0, -1), Some(Greater)); // a month less a microsecond
+
+        // Near no move, the date it starts from decides: the clock is asked.
+        assert_eq!(sure_direction(-12, 361, 0), None); // 4 or 5 days back
+        assert_eq!(sure_direction(1, -27, 0), None); // 1 to 4 days ahead
+        assert_eq!(sure_direction(0, 1, -DAY), None); // a day less a day: DST may tip it
     }
 
     #[test]

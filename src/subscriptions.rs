@@ -62,10 +62,14 @@ pub fn check_url(url: &str) -> Result<(), Problem> {
     }
     let (host, port) = match authority.strip_prefix('[') {
         Some(v6) => {
-            let (host, after) = v6.split_once(']').unwrap_or((v6, ""));
+            let (host, after) = v6.split_once(']').ok_or(format!("has [{v6} without its closing bracket"))?;
             // Brackets hold an IPv6 address (RFC 3986's IP-literal), nothing else.
             if host.parse::<std::net::Ipv6Addr>().is_err() {
                 return Err(format!("has [{host}] where an IPv6 address belongs").into());
+            }
+            // Then only a port: the worker read "[::1]evil.example" as [::1] and dropped the rest.
+            if !after.is_empty() && !after.starts_with(':') {
+                return Err(format!("has {after:?} after [{host}], where only :port belongs").into());
             }
             (host, after.strip_prefix(':'))
         }
@@ -85,8 +89,9 @@ pub fn check_url(url: &str) -> Result<(), Problem> {
         .into());
     }
     if let Some(port) = port {
+        // Digits only (RFC 3986): Rust's parse takes a sign, and "+80" was stored and used as 80.
         match port.parse::<u32>() {
-            Ok(1..=65535) => {}
+            Ok(1..=65535) if port.bytes().all(|b| b.is_ascii_digit()) => {}
             _ => return Err(format!("has port {port:?}; a port is between 1 and 65535").into()),
         }
     }
@@ -256,6 +261,9 @@ mod unit_tests {
             "http://[::1]:70000/",
             "http://[zz]:80/",
             "http://[127.0.0.1]/",
+            "http://[::1]evil.example/",
+            "http://[::1/",
+            "http://example.com:+80/",
             "http://example.com:http/",
             "http://bücher.example/",
             "",

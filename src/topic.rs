@@ -122,8 +122,8 @@ sql_function!(outbox_topic_is_valid_wrapper, pg_finfo_outbox_topic_is_valid_wrap
 // outbox_check_topic(function text, argument text, topic text) RETURNS void: raises the error
 // the SQL-language functions owe their callers for a bad topic.
 sql_function!(outbox_check_topic_wrapper, pg_finfo_outbox_check_topic_wrapper, |args| {
-    let function = args.text(0).unwrap_or_default();
-    let argument = args.text(1).unwrap_or_default();
+    let function = required(args.text(0), "outbox_check_topic", "function");
+    let argument = required(args.text(1), "outbox_check_topic", "argument");
     or_raise(validate(function, argument, args.text(2).as_deref()));
     pgrx::pg_sys::Datum::from(0)
 });

@@ -63,6 +63,10 @@ CASES = [
     ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => (SELECT jsonb_object_agg('X-H' || n, 'v') FROM generate_series(1, 17) n))", INVALID, "headers"),
     ("outbox_subscribe('t.x', 'http://127.0.0.1:99999/')", INVALID, "url"),
     ("outbox_subscribe('t.x', 'http://127.0.0.1:0/')", INVALID, "url"),
+    # Accepted before 0.5.30, and the worker went elsewhere than the URL shown: to [::1]:80
+    # (the text after the literal dropped), to port 80 ("+80" read as a number).
+    ("outbox_subscribe('t.x', 'http://[::1]evil.example/')", INVALID, "url"),
+    ("outbox_subscribe('t.x', 'http://hooks.example.test:+80/')", INVALID, "url"),
     # A header named twice in different cases: HTTP names ignore case, so both were sent (0.5.15).
     ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => '{\"X-Team\": \"7\", \"x-team\": \"8\"}')", INVALID, "headers"),
     ("outbox_enqueue('booking.created', '{}', headers => '{\"X-Team\": \"7\", \"X-TEAM\": \"8\"}')", INVALID, "headers"),
@@ -81,6 +85,17 @@ CASES = [
     ("outbox_archive(NULL)", NULL_VALUE, "max_rows"),
     ("outbox_compact(false, NULL)", NULL_VALUE, "max_live_rows"),
     ("outbox_redeliver(1, message_ids => ARRAY[1, NULL]::bigint[])", NULL_VALUE, "message_ids"),
+    # The worker's and the operators' functions' own, callable by the worker's role: a NULL key
+    # reached a pgrx panic (XX000), and arrays that did not pair up released nothing, silently.
+    ("outbox_release_keys(ARRAY['booking:1', NULL])", NULL_VALUE, "keys"),
+    ("outbox_release_delivery_keys(ARRAY[1]::bigint[], '{}'::text[])", INVALID, "keys"),
+    ("outbox_release_delivery_keys(ARRAY[NULL]::bigint[], ARRAY['booking:1'])", NULL_VALUE, "subscriptions"),
+    ("outbox_release_delivery_keys(ARRAY[1]::bigint[], ARRAY[NULL]::text[])", NULL_VALUE, "keys"),
+    ("outbox_release_delivery_keys(ARRAY[[1], [2]]::bigint[], ARRAY[['a'], ['b']])", INVALID, "subscriptions"),
+    # The SQL-language functions' checks, called without the names they report: ": : must not
+    # be NULL" before 0.5.30.
+    ("outbox_check_topic(NULL, NULL, NULL)", NULL_VALUE, "function"),
+    ("outbox_check_interval(NULL, NULL, interval '20000 years')", NULL_VALUE, "function"),
     # Judged by where it takes the clock, as leases and delays: this one is 4 - 5 days ahead.
     ("outbox_purge(interval '-1 year +361 days')", INVALID, "older_than"),
     # Beyond what the clock may be moved by: PostgreSQL's 22008 (timestamp out of range, naming
@@ -95,6 +110,12 @@ CASES = [
     ("outbox_enqueue_batch('booking.created', ARRAY['{}'::jsonb], interval '-9000 years')", INVALID, "delay"),
     ("outbox_claim(10, NULL, interval '-9000 years')", INVALID, "lease"),
     ("outbox_fail(1, 'boom', NULL, interval '-9000 years')", INVALID, "retry_in"),
+    # The same with parts that disagree in sign (a day ahead, 9,999 years back): judged on the
+    # clock, whose arithmetic then failed with PostgreSQL's 22008 before 0.5.30 (stop 53's probe).
+    ("outbox_enqueue('booking.created', '{}', interval '-9999 years 1 day')", INVALID, "delay"),
+    ("outbox_enqueue_batch('booking.created', ARRAY['{}'::jsonb], interval '-9999 years 1 day')", INVALID, "delay"),
+    ("outbox_claim(10, NULL, interval '-3000000 days 1 microsecond')", INVALID, "lease"),
+    ("outbox_fail(1, 'boom', NULL, interval '-9999 years 1 day')", INVALID, "retry_in"),
     # A timeout is sent as seconds (a year as 365.25 days), but was compared as an interval (a
     # year as 360 days): these passed as 5 seconds and became -5 days (every attempt timed out
     # at once) and 5 days (beyond the 10 minutes allowed).
