@@ -244,9 +244,10 @@ AS $$
            -- Many URLs carry a credential in their path or query: only the roles that may read
            -- the subscriptions see them whole; monitoring sees where the endpoint is. (The cut
            -- shows U+2026 in a UTF-8 database, written as its bytes: PostgreSQL reads this
-           -- script in the database's encoding, so it stays ASCII.)
+           -- script in the database's encoding, so it stays ASCII. E'' strings: the body is read
+           -- in the caller's settings, and standard_conforming_strings off made '\x…' escapes.)
            CASE WHEN pg_catalog.pg_has_role(session_user, 'outbox_admin', 'USAGE') THEN s.url
-                ELSE pg_catalog.regexp_replace(s.url, '^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)[/?#].+$', '\1/' || (CASE WHEN pg_catalog.getdatabaseencoding() = 'UTF8' THEN pg_catalog.convert_from('\xe280a6'::bytea, 'UTF8') ELSE '...' END))
+                ELSE pg_catalog.regexp_replace(s.url, '^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)[/?#].+$', E'\\1/' || (CASE WHEN pg_catalog.getdatabaseencoding() = 'UTF8' THEN pg_catalog.convert_from(E'\\xe280a6'::bytea, 'UTF8') ELSE '...' END))
            END,
            s.enabled,
            COALESCE(p.pending, 0), COALESCE(p.ready, 0), COALESCE(p.in_flight, 0), COALESCE(p.retrying, 0),
@@ -263,7 +264,7 @@ AS $$
            -- The worker's reason quotes the start of the endpoint's answer, which often repeats
            -- the request (its URL, its headers): for monitoring, the status alone.
            CASE WHEN pg_catalog.pg_has_role(session_user, 'outbox_admin', 'USAGE') THEN s.disabled_reason
-                ELSE pg_catalog.regexp_replace(s.disabled_reason, '(; last error: HTTP [0-9]+): .*$', '\1: ' || (CASE WHEN pg_catalog.getdatabaseencoding() = 'UTF8' THEN pg_catalog.convert_from('\xe280a6'::bytea, 'UTF8') ELSE '...' END))
+                ELSE pg_catalog.regexp_replace(s.disabled_reason, '(; last error: HTTP [0-9]+): .*$', E'\\1: ' || (CASE WHEN pg_catalog.getdatabaseencoding() = 'UTF8' THEN pg_catalog.convert_from(E'\\xe280a6'::bytea, 'UTF8') ELSE '...' END))
            END
       FROM @extschema@.outbox_subscription s
       LEFT JOIN LATERAL (

@@ -199,7 +199,11 @@ BEGIN
     EXECUTE pg_catalog.format('GRANT CONNECT ON DATABASE %I TO outbox_worker', pg_catalog.current_database());
 END
 $$;
-GRANT SELECT, UPDATE ON outbox TO outbox_worker;
+-- It updates a message's progress, never what its producer wrote: the columns it sets, not the
+-- table (a grant on outbox reaches the archived messages in outbox_history_N too, whose
+-- privileges PostgreSQL checks on outbox; an update before 0.5.30 granted the whole table).
+REVOKE UPDATE ON outbox FROM outbox_worker;
+GRANT SELECT, UPDATE (status, waiting_for, lease_token, available_at, processed_at, last_error) ON outbox TO outbox_worker;
 GRANT SELECT ON outbox_subscription TO outbox_worker;
 -- ... and marks an endpoint failing, recovered, or disabled after failing too long.
 GRANT UPDATE (failing_since, enabled, disabled_reason) ON outbox_subscription TO outbox_worker;

@@ -7,6 +7,7 @@ import psycopg
 import pytest
 
 from conftest import connect, enqueue_many
+from support import eventually
 from support.cluster import ScratchCluster
 
 # A cluster of its own, where the extension's roles do not exist yet.
@@ -85,6 +86,26 @@ def test_each_role_may_do_exactly_its_part(db, roles, statement, allowed):
                     conn.execute(statement)
 
 
+@pytest.mark.parametrize("change", ["payload = '{\"tampered\": true}'", "topic = 'other.topic'", "headers = '{}'",
+                                    "ordering_key = 'k'", "dedupe_key = 'k'", "created_at = now()"])
+def test_the_worker_role_may_not_rewrite_what_producers_wrote(db, change):
+    """outbox_worker updates messages' progress only (status, leases, waiting): a grant of UPDATE
+    on the whole table let it rewrite every message's content, the archived ones in
+    outbox_history_N too (inherited tables are checked on the parent; stop 53's probe)."""
+    db.execute("SELECT outbox_enqueue('booking.created', '{}')")
+    db.execute("UPDATE outbox SET status = 'DONE', processed_at = clock_timestamp() - interval '1 hour'")
+    # (The worker archives too, and an archive skips what another holds.)
+    eventually(lambda: db.execute("SELECT outbox_archive() >= 0 AND NOT EXISTS (SELECT FROM ONLY outbox)").fetchone()[0],
+               what="the message archived")
+    enqueue_many(db, 1)
+    with connect(autocommit=True) as conn:
+        conn.execute("SET ROLE outbox_worker")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f"UPDATE outbox SET {change}")
+        # What delivery itself changes, it may.
+        conn.execute("UPDATE ONLY outbox SET waiting_for = NULL, lease_token = NULL, last_error = NULL")
+
+
 def test_monitoring_sees_where_an_endpoint_is_but_not_its_capability_url(db, roles):
     """Many webhook URLs carry their credential in the path or the query (Slack's, Zapier's,
     ?token=…). outbox_endpoint_stats() is granted to pg_monitor, which must not read what the
@@ -96,6 +117,13 @@ def test_monitoring_sees_where_an_endpoint_is_but_not_its_capability_url(db, rol
         with connect(user=role, autocommit=True) as conn:
             seen[role] = [r[0] for r in conn.execute("SELECT url FROM outbox_endpoint_stats() ORDER BY subscription_id")]
     assert seen["app_monitor"] == ["https://hooks.example.test:8443/…", "https://other.example.test"]
+    # A session that reads backslashes in literals as escapes (standard_conforming_strings off,
+    # as old applications set it) got an encoding error before 0.5.30: the function's body is
+    # read in the caller's settings.
+    with connect(user="app_monitor", autocommit=True) as conn:
+        conn.execute("SET standard_conforming_strings = off")
+        assert conn.execute("SELECT url FROM outbox_endpoint_stats() ORDER BY subscription_id LIMIT 1").fetchone()[0] \
+            == "https://hooks.example.test:8443/…"
     assert seen["app_admin"] == ["https://hooks.example.test:8443/services/T0/B0/s3cr3t?token=SUPERSECRET", "https://other.example.test"]
 
 
