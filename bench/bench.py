@@ -952,13 +952,18 @@ class Hanging:
             connection.close()
 
 
-def start_backlog(cluster, conn, messages):
-    """`messages` ready messages for the worker, put there while it is off, then it is on."""
+def start_backlog(cluster, conn, messages, keys=None):
+    """`messages` ready messages for the worker, put there while it is off, then it is on. With
+    `keys`, enqueued as a producer does with one of that many ordering keys each, in turn."""
     cluster.configure(worker_enabled="off")
     # (The attempt log has no foreign key: emptied apart, or answered_rate would count old runs.)
     truncate(conn, "outbox, outbox_delivery_attempt")
-    conn.execute("INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, %s)",
-                 (PAYLOAD, messages))
+    if keys:
+        conn.execute("SELECT count(outbox_enqueue('booking.created', %s::jsonb, ordering_key => 'booking:' || g %% %s)) "
+                     "FROM generate_series(1, %s) g", (PAYLOAD, keys, messages))
+    else:
+        conn.execute("INSERT INTO outbox (topic, payload) SELECT 'booking.created', %s::jsonb FROM generate_series(1, %s)",
+                     (PAYLOAD, messages))
     conn.execute("VACUUM ANALYZE outbox")
     cluster.configure(worker_enabled="on")
 
@@ -987,7 +992,7 @@ def settled_rate(conn, messages):
 
 def fan_out(cluster, receiver, s):
     """10. Fan-out through the worker (8 in flight, to nginx): deliveries/s with 1, 2 and 4
-    endpoints per topic; with 4 of which one hangs (its timeout 1 s), the healthy ones' rate;
+    endpoints per topic; with 1 endpoint and messages of 1,000 ordering keys; with 4 of which one hangs (its timeout 1 s), the healthy ones' rate;
     and the attempt log's cost: 1 endpoint with the log discarded by a trigger, beside the same
     with it, rounds alternating."""
     messages = s.delivery_messages // 2
@@ -1001,6 +1006,12 @@ def fan_out(cluster, receiver, s):
             start_backlog(cluster, conn, messages)
             wait_for_count(conn, "SELECT count(*) FROM outbox WHERE status = 'DONE'", messages, "the fan-out")
             rates[f"{endpoints} endpoint(s)"] = answered_rate(conn)
+        # Per key and endpoint one delivery at a time: with 1,000 keys, 8 in flight still fill.
+        truncate(conn, "outbox_subscription")
+        subscribe([receiver.url])
+        start_backlog(cluster, conn, messages, keys=1000)
+        wait_for_count(conn, "SELECT count(*) FROM outbox WHERE status = 'DONE'", messages, "the keyed fan-out")
+        rates["1 endpoint, 1,000 ordering keys"] = answered_rate(conn)
         hanging = Hanging()
         try:
             truncate(conn, "outbox_subscription")
