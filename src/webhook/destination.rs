@@ -137,8 +137,11 @@ fn refused_v6(address: Ipv6Addr) -> bool {
         || first == 0x3fff && address.segments()[1] < 0x1000
         // Local-use NAT64 (64:ff9b:1::/48): translated to whatever the site's NAT64 maps it to.
         || address.segments()[..3] == [0x64, 0xff9b, 1]
-        // NAT64 (64:ff9b::/96) and IPv4-compatible addresses carry an IPv4 address: judge that one.
-        || (address.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || address.segments()[..6] == [0; 6])
+        // NAT64 (64:ff9b::/96), IPv4-compatible and IPv4-translated (::ffff:0:0/96) addresses
+        // carry an IPv4 address: judge that one.
+        || (address.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+            || address.segments()[..6] == [0; 6]
+            || address.segments()[..6] == [0, 0, 0, 0, 0xffff, 0])
             && refused_v4(Ipv4Addr::from((u128::from(address) as u32).to_be_bytes()))
         // 6to4 (2002::/16) carries one in its bits 16 to 47.
         || first == 0x2002 && refused_v4(Ipv4Addr::from(((u128::from(address) >> 80) as u32).to_be_bytes()))
@@ -264,6 +267,9 @@ mod tests {
             "2002:7f00:1::1",
             "2002:a9fe:a9fe::",
             "::7f00:1",
+            // IPv4-translated (RFC 2765's ::ffff:0:0/96): where a translator takes it, the IPv4 address.
+            "::ffff:0:7f00:1",
+            "::ffff:0:a9fe:a9fe",
             // Special-purpose ranges.
             "192.0.0.8",
             "192.0.2.2",
