@@ -115,17 +115,24 @@ pub fn classify_status(status: u16, retry_after: Option<&str>, body_start: &str,
     Outcome::Failed { error, retry_after: retry_after.and_then(|value| parse_retry_after(value, now)) }
 }
 
-/// An endpoint's text as `last_error` keeps it: line breaks and tabs as spaces, other control
-/// characters as U+FFFD. (A NUL is no character a PostgreSQL text may hold; an escape sequence
-/// would act on the terminal of an operator reading the error in psql.)
+/// An endpoint's text as `last_error` keeps it: line breaks (U+2028 and U+2029 too) and tabs as
+/// spaces, other control characters and the invisible ones that steer text as U+FFFD. (A NUL is
+/// no character a PostgreSQL text may hold; an escape sequence would act on the terminal of an
+/// operator reading the error in psql; a right-to-left override shows what follows reversed.)
 fn printable(text: &str) -> String {
     text.chars()
         .map(|c| match c {
-            '\t' | '\n' | '\r' => ' ',
-            c if c.is_control() => char::REPLACEMENT_CHARACTER,
+            '\t' | '\n' | '\r' | '\u{2028}' | '\u{2029}' => ' ',
+            c if c.is_control() || steers_text_unseen(c) => char::REPLACEMENT_CHARACTER,
             c => c,
         })
         .collect()
+}
+
+/// Unicode's invisible format characters that change how the text around them shows: the
+/// bidirectional marks, embeddings, overrides and isolates, and the zero-width ones.
+fn steers_text_unseen(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
 }
 
 /// `Retry-After: 120` or `Retry-After: Wed, 21 Oct 2026 07:28:00 GMT`, capped at a day.
@@ -317,6 +324,11 @@ mod unit_tests {
         assert_eq!(error("no\0such\u{1b}[2Jthing"), "HTTP 500: no\u{fffd}such\u{fffd}[2Jthing");
         assert_eq!(error("<h1>Bad\r\n\tGateway</h1>\n"), "HTTP 500: <h1>Bad   Gateway</h1>");
         assert_eq!(error("\u{7f}\u{85}kept: é €"), "HTTP 500: \u{fffd}\u{fffd}kept: é €");
+        // Characters that reverse or hide the text after them where it is shown (psql, a
+        // dashboard), and line separators some viewers break lines at (stop 53's probe).
+        assert_eq!(error("a\u{202e}lmth.exe\u{2066}b"), "HTTP 500: a\u{fffd}lmth.exe\u{fffd}b");
+        assert_eq!(error("zero\u{200b}width\u{feff}\u{2060}"), "HTTP 500: zero\u{fffd}width\u{fffd}\u{fffd}");
+        assert_eq!(error("one\u{2028}two\u{2029}three"), "HTTP 500: one two three");
     }
 
     #[test]
