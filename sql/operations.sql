@@ -245,7 +245,7 @@ AS $$
            -- the subscriptions see them whole; monitoring sees where the endpoint is. (The cut
            -- shows U+2026 in a UTF-8 database, written as its bytes: PostgreSQL reads this
            -- script in the database's encoding, so it stays ASCII. E'' strings: the body is read
-           -- in the caller's settings, and standard_conforming_strings off made '\x…' escapes.)
+           -- in the caller's settings, and standard_conforming_strings off made '\xe2...' escapes.)
            CASE WHEN pg_catalog.pg_has_role(session_user, 'outbox_admin', 'USAGE') THEN s.url
                 ELSE pg_catalog.regexp_replace(s.url, '^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)[/?#].+$', E'\\1/' || (CASE WHEN pg_catalog.getdatabaseencoding() = 'UTF8' THEN pg_catalog.convert_from(E'\\xe280a6'::bytea, 'UTF8') ELSE '...' END))
            END,
