@@ -9,7 +9,7 @@
 
 use crate::error::{raise, OutboxError};
 use crate::text;
-use pgrx::datum::{FromDatum, Interval};
+use pgrx::datum::{Array, FromDatum, Interval};
 use pgrx::pg_sys;
 
 /// Declares a C-language SQL function `$name` (with its `pg_finfo_<name>` record, which
@@ -120,6 +120,23 @@ impl Args {
         let Some(datum) = self.datum(n) else { return };
         // SAFETY: the caller names an argument declared as an array.
         require_one_dimension(unsafe { crate::array::dimensions(datum) }, function, argument);
+    }
+
+    /// Array argument `n` (`None` when NULL), refused when it has more than one dimension or a
+    /// NULL element.
+    #[track_caller]
+    pub fn array_without_nulls<'a, T: pgrx::datum::UnboxDatum>(
+        &self,
+        n: usize,
+        function: &'static str,
+        argument: &'static str,
+    ) -> Option<Array<'a, T>> {
+        let array = self.get::<Array<'a, T>>(n)?;
+        self.check_one_dimension(n, function, argument);
+        if array.contains_nulls() {
+            raise(OutboxError::null_element(function, argument));
+        }
+        Some(array)
     }
 
     /// A `text[]` argument as UTF-8 strings (an element `None` when NULL), with its number of

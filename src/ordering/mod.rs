@@ -22,9 +22,9 @@ mod key_locks;
 pub use key_locks::key_lock_space;
 
 use crate::error::{raise, OutboxError};
-use crate::fmgr::{sql_function, Args};
+use crate::fmgr::sql_function;
 use crate::spi::{schema_of_function, Spi, Statement};
-use pgrx::datum::{Array, IntoDatum};
+use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
 static LOCK_HEAD: Statement = Statement::new(include_str!("lock_head.sql"), &[TEXTOID]);
@@ -99,25 +99,13 @@ fn release_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>,
 
 // outbox_release_keys(keys text[]) RETURNS integer: the same for SQL callers (outbox_requeue_dead).
 sql_function!(outbox_release_keys_c, pg_finfo_outbox_release_keys_c, |args| {
-    keys_argument(&args, "outbox_release_keys", 0, "keys");
+    args.array_without_nulls::<&str>(0, "outbox_release_keys", "keys");
     let schema = schema_of_function(args.fcinfo());
     let mut spi = Spi::connect();
     let released = release_message_keys(&mut spi, schema, args.datum(0));
     spi.finish();
     released.into_datum().unwrap()
 });
-
-/// The number of keys in text[] argument `n` of `function` (`None` when NULL: no keys), refused
-/// with more than one dimension or a NULL key. (These functions are the worker's and the
-/// operators' functions' own, but callable: a NULL key reached a pgrx panic, XX000.)
-fn keys_argument(args: &Args, function: &'static str, n: usize, argument: &'static str) -> Option<usize> {
-    let keys = args.get::<Array<&str>>(n)?;
-    args.check_one_dimension(n, function, argument);
-    if keys.contains_nulls() {
-        raise(OutboxError::null_element(function, argument));
-    }
-    Some(keys.len())
-}
 
 /// How a hand-on of keys at endpoints takes the lock of each endpoint's keys
 /// (lock_endpoints_keys.sql).
@@ -182,16 +170,18 @@ pub fn release_delivery_keys(
 // for SQL callers (outbox_requeue_dead, outbox_redeliver), who wait for the deliveries another
 // transaction holds: no worker would come back to them.
 sql_function!(outbox_release_delivery_keys_c, pg_finfo_outbox_release_delivery_keys_c, |args| {
+    // (The worker's and the operators' functions' own, but callable: a NULL key reached a pgrx
+    // panic, XX000, and arrays that did not pair up released nothing, silently.)
     const FUNCTION: &str = "outbox_release_delivery_keys";
-    let subscriptions = args.get::<Array<i64>>(0);
-    args.check_one_dimension(0, FUNCTION, "subscriptions");
-    if subscriptions.as_ref().is_some_and(Array::contains_nulls) {
-        raise(OutboxError::null_element(FUNCTION, "subscriptions"));
-    }
-    let keys = keys_argument(&args, FUNCTION, 1, "keys");
+    let subscriptions = args.array_without_nulls::<i64>(0, FUNCTION, "subscriptions");
+    let keys = args.array_without_nulls::<&str>(1, FUNCTION, "keys");
     if let (Some(subscriptions), Some(keys)) = (subscriptions, keys) {
-        if subscriptions.len() != keys {
-            raise(OutboxError::invalid(FUNCTION, "keys", format!("has {keys} elements but subscriptions has {}", subscriptions.len())));
+        if subscriptions.len() != keys.len() {
+            raise(OutboxError::invalid(
+                FUNCTION,
+                "keys",
+                format!("has {} elements but subscriptions has {}", keys.len(), subscriptions.len()),
+            ));
         }
     }
     let schema = schema_of_function(args.fcinfo());
