@@ -924,6 +924,37 @@ def delivery(cluster, receiver, s):
     return rows
 
 
+# Messages for the variants whose endpoints answer after 50 ms (8 in flight: 160 a second).
+SLOW_MESSAGES = 400
+
+
+class Slow:
+    """An endpoint that answers 200 after `delay` seconds, each request in its own thread."""
+
+    def __init__(self, delay):
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                time.sleep(delay)
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class Hanging:
     """An endpoint that accepts connections and never answers (the worker's timeout ends each
     request)."""
@@ -992,23 +1023,36 @@ def settled_rate(conn, messages):
 
 def fan_out(cluster, receiver, s):
     """10. Fan-out through the worker (8 in flight, to nginx): deliveries/s with 1, 2 and 4
-    endpoints per topic; with 1 endpoint and messages of 1,000 ordering keys; with 4 of which
-    one hangs (its timeout 1 s), the healthy ones' rate; and the attempt log's cost: 1 endpoint
-    with the log discarded by a trigger, beside the same with it, rounds alternating."""
+    endpoints per topic; with 1 endpoint and messages of 1,000 ordering keys; with 2 endpoints,
+    nginx or a receiver answering after 50 ms, alone and beside 6 subscriptions of a topic
+    without messages (for which they keep slots free); with 4 of which one hangs (its timeout
+    1 s), the healthy ones' rate; and the attempt log's cost: 1 endpoint with the log discarded
+    by a trigger, beside the same with it, rounds alternating."""
     messages = s.delivery_messages // 2
     rates = {}
     subscribe = lambda urls: [conn.execute("SELECT outbox_subscribe('booking.created', %s)", (url,)) for url in urls]
     with cluster.connect() as conn:
         cluster.configure(max_in_flight=8, http_timeout="1s")
         # (Per key and endpoint one delivery at a time: with 1,000 keys, 8 in flight still fill.)
-        variants = (("1 endpoint(s)", 1, None), ("2 endpoint(s)", 2, None), ("4 endpoint(s)", 4, None),
-                    ("1 endpoint, 1,000 ordering keys", 1, 1000))
-        for name, endpoints, keys in variants:
-            truncate(conn, "outbox_subscription")
-            subscribe(f"{receiver.url}/{n}" for n in range(endpoints))
-            start_backlog(cluster, conn, messages, keys)
-            wait_for_count(conn, "SELECT count(*) FROM outbox WHERE status = 'DONE'", messages, "the fan-out")
-            rates[name] = answered_rate(conn)
+        slow = Slow(0.05)
+        # (name, receiver, endpoints, ordering keys, subscriptions without work, messages)
+        variants = (("1 endpoint(s)", receiver.url, 1, None, 0, messages), ("2 endpoint(s)", receiver.url, 2, None, 0, messages),
+                    ("4 endpoint(s)", receiver.url, 4, None, 0, messages),
+                    ("1 endpoint, 1,000 ordering keys", receiver.url, 1, 1000, 0, messages),
+                    ("2 endpoints beside 6 without work", receiver.url, 2, None, 6, messages),
+                    ("2 endpoints answering after 50 ms", slow.url, 2, None, 0, SLOW_MESSAGES),
+                    ("2 endpoints answering after 50 ms beside 6 without work", slow.url, 2, None, 6, SLOW_MESSAGES))
+        try:
+            for name, url, endpoints, keys, without_work, count in variants:
+                truncate(conn, "outbox_subscription")
+                subscribe(f"{url}/{n}" for n in range(endpoints))
+                for n in range(without_work):
+                    conn.execute("SELECT outbox_subscribe('bench.quiet', %s)", (f"{receiver.url}/quiet/{n}",))
+                start_backlog(cluster, conn, count, keys)
+                wait_for_count(conn, "SELECT count(*) FROM outbox WHERE status = 'DONE'", count, "the fan-out")
+                rates[name] = answered_rate(conn)
+        finally:
+            slow.stop()
         hanging = Hanging()
         try:
             truncate(conn, "outbox_subscription")

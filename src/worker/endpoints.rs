@@ -2,11 +2,12 @@
 //! between them, and how each is protected, so that a slow, hanging or failing endpoint holds
 //! only its own share and the others keep flowing:
 //!
-//! - each endpoint with work (due now, or requests in flight) gets an equal share of
-//!   `outbox.max_in_flight`, at least one;
-//! - even alone, an endpoint leaves some slots free for the others (one per other endpoint, up
-//!   to half of them): when another one gets work, it starts at once instead of waiting for a
-//!   hanging endpoint's requests to time out;
+//! - the endpoints with work (due now, or requests in flight) leave some of
+//!   `outbox.max_in_flight` free together, one slot per enabled endpoint without work (up to
+//!   half of them): when another one gets work, it starts at once instead of waiting for
+//!   hanging endpoints' requests to time out; and an endpoint with nothing in flight may start
+//!   one request in those kept slots;
+//! - each endpoint with work gets an equal share of the rest, at least one;
 //! - a subscription's `max_in_flight` caps its share, and its `rate_limit` is a token bucket
 //!   (a tenth of a second's worth of burst) that holds across the worker's rounds;
 //! - circuit breaker: while an endpoint fails (its latest answer was a failure), it gets one
@@ -214,6 +215,34 @@ impl EndpointState {
     }
 }
 
+/// How the worker's slots (`outbox.max_in_flight` requests at once) are shared at one moment.
+#[derive(Debug, Clone, Copy)]
+struct Slots {
+    max: usize,
+    /// What the endpoints with work may have in flight together: the slots less one per enabled
+    /// endpoint without work (up to half of them), kept so that one that gets work starts at
+    /// once, however many slow endpoints hold the rest.
+    for_busy: usize,
+    /// Each endpoint with work's share of those.
+    share: usize,
+    /// In flight now (and started since, while slots are handed out).
+    in_flight: usize,
+}
+
+impl Slots {
+    /// How many requests `endpoint` may start now: within its share, within the slots of the
+    /// endpoints with work, or, with nothing in flight, its first one in a kept slot.
+    fn free_for(&self, endpoint: &EndpointState) -> usize {
+        let first_in_a_kept_slot = endpoint.in_flight == 0 && self.in_flight < self.max;
+        endpoint.room(self.share).min(self.for_busy.saturating_sub(self.in_flight).max(usize::from(first_in_a_kept_slot)))
+    }
+
+    /// Whether `endpoint` may keep the slot of a request that ends for its next one.
+    fn may_keep(&self, endpoint: &EndpointState) -> bool {
+        self.in_flight <= if endpoint.in_flight <= 1 { self.max } else { self.for_busy }
+    }
+}
+
 #[derive(Default)]
 pub struct Endpoints {
     pub by_id: BTreeMap<i64, EndpointState>,
@@ -372,30 +401,38 @@ impl Endpoints {
         topics
     }
 
-    /// Each enabled endpoint's share of `max_in_flight`: equal among those with work (due now
-    /// or in flight), less what is kept free for the others.
-    fn share(&self, max_in_flight: usize) -> usize {
-        let enabled = self.by_id.values().filter(|e| e.enabled).count();
-        let busy = self.by_id.values().filter(|e| e.busy()).count().max(1);
-        let reserved = enabled.saturating_sub(1).min(max_in_flight / 2);
-        (max_in_flight / busy).min(max_in_flight - reserved).max(1)
+    /// How the slots are shared now, `in_flight` of `max_in_flight` being out.
+    fn slots(&self, max_in_flight: usize, in_flight: usize) -> Slots {
+        let busy = self.by_id.values().filter(|e| e.busy()).count();
+        let without_work = self.by_id.values().filter(|e| e.enabled && !e.busy()).count();
+        let for_busy = max_in_flight - without_work.min(max_in_flight / 2);
+        Slots { max: max_in_flight, for_busy, share: for_busy.div_ceil(busy.max(1)).max(1), in_flight }
+    }
+
+    /// The endpoints `chosen`, in the order they take slots: those with nothing in flight
+    /// first (one that just got work starts in a kept slot before another takes it), each group
+    /// from where this turn starts, so that when slots are scarce every endpoint gets its turn.
+    fn in_turn(&self, chosen: impl Fn(&EndpointState) -> bool) -> Vec<i64> {
+        let chosen: Vec<&EndpointState> = self.by_id.values().filter(|e| chosen(e)).collect();
+        let first = if chosen.is_empty() { 0 } else { self.turn.get() % chosen.len() };
+        let mut ids: Vec<&EndpointState> = chosen[first..].iter().chain(&chosen[..first]).copied().collect();
+        ids.sort_by_key(|e| e.in_flight > 0); // (stable: the turn's order within each group)
+        ids.into_iter().map(|e| e.id).collect()
     }
 
     /// What to lease for each endpoint now, in turn: rounds ahead for a healthy endpoint (see
     /// [`EndpointState::claim_size`]), and otherwise only what it may start at once, within the
     /// slots the worker has free.
     pub fn claims(&self, max_in_flight: usize, total_in_flight: usize, batch: usize, now: Instant) -> Vec<(i64, ClaimSize)> {
-        let share = self.share(max_in_flight);
-        let mut left = max_in_flight.saturating_sub(total_in_flight);
+        let mut slots = self.slots(max_in_flight, total_in_flight);
         let mut claims = Vec::new();
-        let due: Vec<&EndpointState> = self.by_id.values().filter(|e| e.wants_to_send()).collect();
-        let first = if due.is_empty() { 0 } else { self.turn.get() % due.len() };
-        self.turn.set(first + 1);
-        for state in due[first..].iter().chain(&due[..first]) {
-            let mut size = state.claim_size(share, batch, now);
+        let due = self.in_turn(|e| e.wants_to_send());
+        self.turn.set(self.turn.get().wrapping_add(1));
+        for state in due.into_iter().map(|id| &self.by_id[&id]) {
+            let mut size = state.claim_size(slots.share, batch, now);
             if !state.leases_ahead() {
-                size.count = size.count.min(left);
-                left -= size.count;
+                size.count = size.count.min(slots.free_for(state));
+                slots.in_flight += size.count;
             }
             if size.count > 0 {
                 claims.push((state.id, size));
@@ -406,11 +443,10 @@ impl Endpoints {
 
     /// Whether some endpoint wants a claim now (as [`Endpoints::claims`] would find).
     pub fn want_claims(&self, max_in_flight: usize, total_in_flight: usize, batch: usize, now: Instant) -> bool {
-        let share = self.share(max_in_flight);
-        let free = total_in_flight < max_in_flight;
+        let slots = self.slots(max_in_flight, total_in_flight);
         self.by_id.values().any(|e| {
-            let size = e.claim_size(share, batch, now);
-            size.count > 0 && (free || e.leases_ahead())
+            let size = e.claim_size(slots.share, batch, now);
+            size.count > 0 && (e.leases_ahead() || slots.free_for(e) > 0)
         })
     }
 
@@ -418,14 +454,11 @@ impl Endpoints {
     /// each within its room and rate limit and all within the worker's free slots, and counts
     /// them as started. Returns them, and the ones found too late to start (to hand back).
     pub fn start_queued(&mut self, max_in_flight: usize, total_in_flight: usize, now: Instant) -> (Vec<Claimed>, Vec<Claimed>) {
-        let share = self.share(max_in_flight);
-        let mut left = max_in_flight.saturating_sub(total_in_flight);
+        let mut slots = self.slots(max_in_flight, total_in_flight);
         let (mut start, mut late) = (Vec::new(), Vec::new());
-        let with_queue: Vec<i64> = self.by_id.values().filter(|e| e.enabled && !e.queued.is_empty()).map(|e| e.id).collect();
-        let first = if with_queue.is_empty() { 0 } else { self.turn.get() % with_queue.len() };
-        for id in with_queue[first..].iter().chain(&with_queue[..first]) {
-            let state = self.by_id.get_mut(id).expect("an endpoint with a queue");
-            while left > 0 && state.room(share) > 0 && state.rate.is_none_or(|bucket| bucket.available(now) > 0) {
+        for id in self.in_turn(|e| e.enabled && !e.queued.is_empty()) {
+            let state = self.by_id.get_mut(&id).expect("an endpoint with a queue");
+            while slots.free_for(state) > 0 && state.rate.is_none_or(|bucket| bucket.available(now) > 0) {
                 let Some(queued) = state.queued.pop_front() else { break };
                 if queued.too_late(now) {
                     late.push(queued.delivery);
@@ -435,7 +468,7 @@ impl Endpoints {
                 if let Some(bucket) = state.rate.as_mut() {
                     bucket.take(1, now); // its rate limit's token is spent
                 }
-                left -= 1;
+                slots.in_flight += 1;
                 start.push(queued.delivery);
             }
         }
@@ -451,17 +484,18 @@ impl Endpoints {
     /// Lets the helper threads start an endpoint's next queued delivery as soon as a request to
     /// it succeeds (see queue.rs), where the endpoint may keep its slot: it is enabled and not
     /// failing, has no rate limit (whose tokens the main thread counts), is within its share
-    /// of the slots, the worker is claiming and within `outbox.max_in_flight`, and no other
+    /// of the slots, the worker is claiming and within the slots it may use, and no other
     /// endpoint with work and room waits for a slot (with more such endpoints than slots, the
     /// slots go back to the main thread, which gives them in turn). Decided again at every turn
     /// of the main loop.
     pub fn allow_continuing(&self, claiming: bool, max_in_flight: usize, total_in_flight: usize) {
-        let share = self.share(max_in_flight);
-        let no_free_slot = total_in_flight >= max_in_flight;
-        let one_waits_for_a_slot =
-            no_free_slot && self.by_id.values().any(|e| (e.wants_to_send() || (e.enabled && !e.queued.is_empty())) && e.room(share) > 0);
+        let slots = self.slots(max_in_flight, total_in_flight);
+        let one_waits_for_a_slot = self
+            .by_id
+            .values()
+            .any(|e| (e.wants_to_send() || (e.enabled && !e.queued.is_empty())) && e.room(slots.share) > 0 && slots.free_for(e) == 0);
         for state in self.by_id.values() {
-            let may_keep_its_slot = state.in_flight <= state.cap(share) && total_in_flight <= max_in_flight && !one_waits_for_a_slot;
+            let may_keep_its_slot = state.in_flight <= state.cap(slots.share) && slots.may_keep(state) && !one_waits_for_a_slot;
             let healthy = state.enabled && !state.failing() && state.rate.is_none();
             state.queued.allow_continuing(claiming && healthy && may_keep_its_slot);
         }
@@ -495,12 +529,12 @@ impl Endpoints {
     /// with work waits for an answer (which wakes the worker) or has none due. Due deliveries
     /// not yet leased count only while a claim could lease them (not while the worker waits
     /// for payload room).
-    pub fn wait_for_due_work(&self, max_in_flight: usize, now: Instant) -> Option<Duration> {
-        let share = self.share(max_in_flight);
+    pub fn wait_for_due_work(&self, max_in_flight: usize, total_in_flight: usize, now: Instant) -> Option<Duration> {
+        let slots = self.slots(max_in_flight, total_in_flight);
         let may_claim = !self.waiting_for_payload_room;
         self.by_id
             .values()
-            .filter(|e| ((may_claim && e.wants_to_send()) || (e.enabled && !e.queued.is_empty())) && e.room(share) > 0)
+            .filter(|e| ((may_claim && e.wants_to_send()) || (e.enabled && !e.queued.is_empty())) && slots.free_for(e) > 0)
             .map(|e| e.rate.map_or(Duration::ZERO, |bucket| bucket.wait_for_one(now)))
             .min()
     }
@@ -508,12 +542,12 @@ impl Endpoints {
     /// The earliest time an enabled endpoint with room for a request, and nothing due now,
     /// has a delivery due (one without room is woken by an answer; one due now waits as
     /// [`Endpoints::wait_for_due_work`] says: its oldest due delivery lies in the past).
-    pub fn earliest_due(&self, max_in_flight: usize) -> Option<pg_sys::TimestampTz> {
+    pub fn earliest_due(&self, max_in_flight: usize, total_in_flight: usize) -> Option<pg_sys::TimestampTz> {
         if self.waiting_for_payload_room {
             return None;
         }
-        let share = self.share(max_in_flight);
-        self.by_id.values().filter(|e| e.enabled && !e.due_now && e.room(share) > 0).filter_map(|e| e.next_due).min()
+        let slots = self.slots(max_in_flight, total_in_flight);
+        self.by_id.values().filter(|e| e.enabled && !e.due_now && slots.free_for(e) > 0).filter_map(|e| e.next_due).min()
     }
 
     /// Endpoints whose next delivery has fallen due since (a retry's backoff or a message's
@@ -618,7 +652,7 @@ mod unit_tests {
     #[test]
     fn endpoints_with_work_share_the_slots() {
         assert_eq!(free_slots(&mut endpoints(&[(1, 0, true), (2, 0, true)]), 8, 0), vec![(1, 4), (2, 4)]);
-        assert_eq!(free_slots(&mut endpoints(&[(1, 3, true), (2, 0, true)]), 8, 3), vec![(1, 1), (2, 4)]);
+        assert_eq!(free_slots(&mut endpoints(&[(1, 3, true), (2, 0, true)]), 8, 3), vec![(2, 4), (1, 1)]);
     }
 
     #[test]
@@ -630,6 +664,24 @@ mod unit_tests {
         // With many endpoints, at most half the slots are kept free.
         let many: Vec<(i64, usize, bool)> = (1..=10).map(|id| (id, 0, id == 1)).collect();
         assert_eq!(free_slots(&mut endpoints(&many), 8, 0), vec![(1, 4)]);
+    }
+
+    #[test]
+    fn the_endpoints_with_work_leave_room_together_for_the_others() {
+        // 1 and 2 have work, 3 none: together they take 7 of the 8 slots, not the last.
+        assert_eq!(free_slots(&mut endpoints(&[(1, 0, true), (2, 0, true), (3, 0, false)]), 8, 0), vec![(1, 4), (2, 3)]);
+        // 1 and 2 hang with those 7; 3 gets work: it starts at once (stop 53's probe: it
+        // waited for one of their requests to end), before 2, below its new share, takes the slot.
+        assert_eq!(free_slots(&mut endpoints(&[(1, 4, true), (2, 3, true), (3, 0, true)]), 8, 7), vec![(3, 1)]);
+        assert_eq!(free_slots(&mut endpoints(&[(1, 6, true), (2, 1, true), (3, 0, true)]), 8, 7), vec![(3, 1)]);
+        // With many endpoints without work, those with work share half of the slots...
+        let many: Vec<(i64, usize, bool)> = (1..=10).map(|id| (id, 0, id <= 2)).collect();
+        assert_eq!(free_slots(&mut endpoints(&many), 8, 0), vec![(1, 2), (2, 2)]);
+        // ... and each that gets work meanwhile starts its first request in the other half.
+        let many: Vec<(i64, usize, bool)> = (1..=10).map(|id| (id, if id <= 2 { 2 } else { 0 }, id <= 6)).collect();
+        assert_eq!(free_slots(&mut endpoints(&many), 8, 4), vec![(3, 1), (4, 1), (5, 1), (6, 1)]);
+        // Every endpoint has work: no slot is kept, and the shares add up to all of them.
+        assert_eq!(free_slots(&mut endpoints(&[(1, 0, true), (2, 0, true), (3, 0, true)]), 8, 0), vec![(1, 3), (2, 3), (3, 2)]);
     }
 
     #[test]
@@ -650,7 +702,7 @@ mod unit_tests {
         assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 1), (2, 4)]);
         all.by_id.get_mut(&1).unwrap().in_flight = 1;
         assert_eq!(free_slots(&mut all, 8, 1), vec![(2, 4)], "its probe is out: nothing more until it answers");
-        assert_eq!(all.wait_for_due_work(8, Instant::now()), Some(Duration::ZERO), "endpoint 2 can start");
+        assert_eq!(all.wait_for_due_work(8, 1, Instant::now()), Some(Duration::ZERO), "endpoint 2 can start");
     }
 
     #[test]
@@ -677,7 +729,7 @@ mod unit_tests {
         all.by_id.get_mut(&1).unwrap().rate = Some(TokenBucket::new(1e-20, start));
         assert_eq!(all.free_slots_at(8, 0, start), vec![(1, 1)]);
         assert_eq!(all.free_slots_at(8, 0, start), vec![]);
-        assert_eq!(all.wait_for_due_work(8, start), Some(MAX_WAIT_FOR_A_TOKEN));
+        assert_eq!(all.wait_for_due_work(8, 0, start), Some(MAX_WAIT_FOR_A_TOKEN));
     }
 
     #[test]
@@ -692,7 +744,7 @@ mod unit_tests {
         assert_eq!(size[0].1.rounds(258), 34, "the rounds, and a timeout's wait for tokens");
         assert_eq!(all.free_slots_at(8, 0, start), vec![(1, 5)]);
         assert_eq!(all.free_slots_at(8, 0, start), vec![]);
-        let wait = all.wait_for_due_work(8, start).unwrap();
+        let wait = all.wait_for_due_work(8, 0, start).unwrap();
         assert!(wait > Duration::from_millis(15) && wait <= Duration::from_millis(20), "{wait:?}");
         assert_eq!(all.free_slots_at(8, 0, start + Duration::from_millis(41)), vec![(1, 2)]);
         // Over a long run the rate holds: 1,000 rounds of 10 ms let 50/s through.

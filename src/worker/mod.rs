@@ -626,13 +626,13 @@ impl Worker {
                 wait = Duration::ZERO;
             }
             // An endpoint with due work and room starts now, or when its rate limit allows.
-            if let Some(until_it_may) = self.endpoints.wait_for_due_work(max_in_flight, Instant::now()) {
+            if let Some(until_it_may) = self.endpoints.wait_for_due_work(max_in_flight, self.pool.in_flight(), Instant::now()) {
                 wait = wait.min(until_it_may);
             }
             if let Some(until) = self.endpoints.held_back_topics.until() {
                 wait = wait.min(until.saturating_duration_since(Instant::now()));
             }
-            if let Some(due) = self.endpoints.earliest_due(max_in_flight) {
+            if let Some(due) = self.endpoints.earliest_due(max_in_flight, self.pool.in_flight()) {
                 wait = wait.min(Duration::from_micros(u64::try_from(due - now).unwrap_or(0)));
             }
         }

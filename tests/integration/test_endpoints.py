@@ -278,21 +278,21 @@ def test_endpoints_with_work_take_turns_when_they_outnumber_the_slots(worker, re
     second.wait_for(150, timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason="a known limit (docs/worker.md, 'A limit'): the slots an endpoint "
-                   "leaves free are left per endpoint, not across endpoints")
 def test_two_slow_endpoints_leave_a_slot_for_a_third(worker, receivers):
     """Two endpoints that answer slowly, each with a backlog, took 4 of the 8 slots each, and
     a third endpoint's message waited for one of their requests to end (stop 53's probe: up to
-    18.7 s behind answers after 19 s). Strict: it fails the suite once the worker keeps a slot
-    free across endpoints, so that the limit's documentation goes with it."""
+    18.7 s behind answers after 19 s). The endpoints with work now keep a slot free together
+    for the one without."""
     db = worker
     slow_a, slow_b, quick = receivers(), receivers(), receivers()
+    db.execute("SELECT outbox_subscribe('quick.done', %s)", (quick.url,))
     for topic, slow in (("slow.a", slow_a), ("slow.b", slow_b)):
         slow.answer_by_default(200, delay=4)
         db.execute("SELECT outbox_subscribe(%s, %s, timeout => interval '10 seconds')", (topic, slow.url))
+    for topic in ("slow.a", "slow.b"):
         enqueue_many(db, 8, topic=topic)
-    db.execute("SELECT outbox_subscribe('quick.done', %s)", (quick.url,))
-    eventually(lambda: slow_a.concurrent + slow_b.concurrent == 8, timeout=10, what="the slow endpoints to hold 8 requests")
+    eventually(lambda: slow_a.concurrent + slow_b.concurrent >= 7, timeout=10, what="the slow endpoints to hold 7 requests")
+    time.sleep(0.5)  # (time to take the last slot, had they been let)
     sent = time.time()  # (the receiver's clock)
     enqueue_many(db, 1, topic="quick.done")
     quick.wait_for(1, timeout=10)
