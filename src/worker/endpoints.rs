@@ -7,7 +7,8 @@
 //!   half of them): when another one gets work, it starts at once instead of waiting for
 //!   hanging endpoints' requests to time out; and an endpoint with nothing in flight may start
 //!   one request in those kept slots;
-//! - each endpoint with work gets an equal share of the rest, at least one;
+//! - each endpoint with work gets an equal share of the rest, at least one, and what one capped
+//!   lower (failing, or by its subscription's `max_in_flight`) cannot use goes to the others;
 //! - a subscription's `max_in_flight` caps its share, and its `rate_limit` is a token bucket
 //!   (a tenth of a second's worth of burst) that holds across the worker's rounds;
 //! - circuit breaker: while an endpoint fails (its latest answer was a failure), it gets one
@@ -223,7 +224,8 @@ struct Slots {
     /// endpoint without work (up to half of them), kept so that one that gets work starts at
     /// once, however many slow endpoints hold the rest.
     for_busy: usize,
-    /// Each endpoint with work's share of those.
+    /// Each endpoint with work's share of those: equal, but for what the endpoints capped
+    /// lower cannot use.
     share: usize,
     /// In flight now (and started since, while slots are handed out).
     in_flight: usize,
@@ -403,10 +405,21 @@ impl Endpoints {
 
     /// How the slots are shared now, `in_flight` of `max_in_flight` being out.
     fn slots(&self, max_in_flight: usize, in_flight: usize) -> Slots {
-        let busy = self.by_id.values().filter(|e| e.busy()).count();
         let without_work = self.by_id.values().filter(|e| e.enabled && !e.busy()).count();
         let for_busy = max_in_flight - without_work.min(max_in_flight / 2);
-        Slots { max: max_in_flight, for_busy, share: for_busy.div_ceil(busy.max(1)).max(1), in_flight }
+        // What an endpoint capped below an equal share (failing: one at a time; its
+        // subscription's max_in_flight) cannot use is shared by the others.
+        let mut caps: Vec<usize> = self.by_id.values().filter(|e| e.busy()).map(|e| e.cap(usize::MAX)).collect();
+        caps.sort_unstable();
+        let (mut left, mut sharing) = (for_busy, caps.len());
+        for cap in caps {
+            if cap.saturating_mul(sharing) >= left {
+                break; // (this one and the rest get the equal share)
+            }
+            left -= cap;
+            sharing -= 1;
+        }
+        Slots { max: max_in_flight, for_busy, share: left.div_ceil(sharing.max(1)).max(1), in_flight }
     }
 
     /// The endpoints `chosen`, in the order they take slots: those with nothing in flight
@@ -696,13 +709,27 @@ mod unit_tests {
     }
 
     #[test]
-    fn a_failing_endpoint_gets_one_request_at_a_time_and_the_others_their_share() {
+    fn a_failing_endpoint_gets_one_request_at_a_time_and_the_others_the_rest() {
+        // (Until 0.5.31 the other got half of the slots: 4.)
         let mut all = endpoints(&[(1, 0, true), (2, 0, true)]);
         all.by_id.get_mut(&1).unwrap().failing_since = Some(0);
-        assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 1), (2, 4)]);
+        assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 1), (2, 7)]);
         all.by_id.get_mut(&1).unwrap().in_flight = 1;
-        assert_eq!(free_slots(&mut all, 8, 1), vec![(2, 4)], "its probe is out: nothing more until it answers");
+        assert_eq!(free_slots(&mut all, 8, 1), vec![(2, 7)], "its probe is out: nothing more until it answers");
         assert_eq!(all.wait_for_due_work(8, 1, Instant::now()), Some(Duration::ZERO), "endpoint 2 can start");
+    }
+
+    #[test]
+    fn what_a_capped_endpoint_cannot_use_goes_to_the_others() {
+        // 1 may have 2 at once (its subscription's max_in_flight), 3 fails: 2 and 4 share the other 5.
+        let mut all = endpoints(&[(1, 0, true), (2, 0, true), (3, 0, true), (4, 0, true)]);
+        all.by_id.get_mut(&1).unwrap().max_in_flight = Some(2);
+        all.by_id.get_mut(&3).unwrap().failing_since = Some(0);
+        assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 2), (2, 3), (3, 1), (4, 2)]);
+        // A cap above the equal share changes nothing.
+        let mut all = endpoints(&[(1, 0, true), (2, 0, true)]);
+        all.by_id.get_mut(&1).unwrap().max_in_flight = Some(6);
+        assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 4), (2, 4)]);
     }
 
     #[test]

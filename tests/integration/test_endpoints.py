@@ -302,6 +302,23 @@ def test_two_slow_endpoints_leave_a_slot_for_a_third(worker, receivers):
     assert waited < 2.0, f"the third endpoint's message waited {waited:.1f} s for a slot"
 
 
+def test_a_failing_endpoint_leaves_the_slots_it_cannot_use_to_another(worker, receivers):
+    """A failing endpoint gets one request at a time; the other endpoint with work got only
+    half of the 8 slots beside it, 3 of them unused. It gets the other 7."""
+    db = worker
+    down, slow = receivers(), receivers()
+    down.answer_by_default(503, delay=1)  # (slow to fail: it has work all along)
+    slow.answer_by_default(200, delay=1)
+    down_id = db.execute("SELECT outbox_subscribe('down.topic', %s)", (down.url,)).fetchone()[0]
+    db.execute("SELECT outbox_subscribe('slow.topic', %s)", (slow.url,))
+    enqueue_many(db, 40, topic="down.topic")
+    eventually(lambda: db.execute("SELECT failing_since IS NOT NULL FROM outbox_subscription WHERE id = %s", (down_id,)).fetchone()[0],
+               what="the endpoint recorded as failing")
+    enqueue_many(db, 21, topic="slow.topic")
+    slow.wait_for(21, timeout=30)
+    assert slow.max_concurrent == 7, f"{slow.max_concurrent} requests at once beside a failing endpoint"
+
+
 def test_max_in_flight_caps_one_endpoint(worker, receivers):
     db = worker
     slow = receivers()
