@@ -2,13 +2,16 @@
 //! between them, and how each is protected, so that a slow, hanging or failing endpoint holds
 //! only its own share and the others keep flowing:
 //!
-//! - the endpoints with work (due now, or requests in flight) leave some of
-//!   `outbox.max_in_flight` free together, one slot per enabled endpoint without work (up to
-//!   half of them): when another one gets work, it starts at once instead of waiting for
-//!   hanging endpoints' requests to time out; and an endpoint with nothing in flight may start
-//!   one request in those kept slots;
-//! - each endpoint with work gets an equal share of the rest, at least one, and what one capped
-//!   lower (failing, or by its subscription's `max_in_flight`) cannot use goes to the others;
+//! - the endpoints with requests in flight leave some of `outbox.max_in_flight` free together,
+//!   one slot per enabled endpoint with nothing in flight (up to half of them): when another
+//!   one gets work, it starts its first request at once instead of waiting for hanging
+//!   endpoints' requests to time out;
+//! - each endpoint with work (due now, or requests in flight) gets an equal share of the slots
+//!   less those kept for the endpoints without work, at least one, and what one capped lower
+//!   (failing, or by its subscription's `max_in_flight`) cannot use goes to the others;
+//! - a slot that frees goes first to an endpoint with nothing in flight, then to the one that
+//!   waited longest since its last start, and waits for the claim of one whose work is not
+//!   leased yet;
 //! - a subscription's `max_in_flight` caps its share, and its `rate_limit` is a token bucket
 //!   (a tenth of a second's worth of burst) that holds across the worker's rounds;
 //! - circuit breaker: while an endpoint fails (its latest answer was a failure), it gets one
@@ -97,6 +100,9 @@ pub struct EndpointState {
     pub failure_unrecorded: bool,
     /// Where its next claim starts reading its due deliveries.
     pub head: QueueHead,
+    /// When it last started a request (the worker's count of starts; 0: never): the slot that
+    /// frees goes to the endpoint that waited longest.
+    pub last_start: u64,
 }
 
 /// The longest wait for a rate limit's next token (a tiny limit's is longer than a Duration
@@ -220,37 +226,54 @@ impl EndpointState {
 #[derive(Debug, Clone, Copy)]
 struct Slots {
     max: usize,
-    /// What the endpoints with work may have in flight together: the slots less one per enabled
-    /// endpoint without work (up to half of them), kept so that one that gets work starts at
-    /// once, however many slow endpoints hold the rest.
-    for_busy: usize,
-    /// Each endpoint with work's share of those: equal, but for what the endpoints capped
-    /// lower cannot use.
+    /// Each endpoint with work's share: equal, of the slots less those kept for endpoints
+    /// without work, but for what the endpoints capped lower cannot use.
     share: usize,
     /// In flight now (and started since, while slots are handed out).
     in_flight: usize,
+    /// Enabled endpoints with nothing in flight: one slot each (up to half of them) is kept
+    /// from the endpoints with requests in flight, so that one that gets work starts at once,
+    /// however many slow endpoints hold the rest.
+    without_requests: usize,
 }
 
 impl Slots {
-    /// How many requests `endpoint` may start now: within its share, within the slots of the
-    /// endpoints with work, or, with nothing in flight, its first one in a kept slot.
+    /// What the endpoints with requests in flight may have in flight together.
+    fn for_those_sending(&self) -> usize {
+        self.max - self.without_requests.min(self.max / 2)
+    }
+
+    /// How many requests `endpoint` may start now: within its share, and its first one in a
+    /// kept slot, the others within what the endpoints sending may have.
     fn free_for(&self, endpoint: &EndpointState) -> usize {
-        let first_in_a_kept_slot = endpoint.in_flight == 0 && self.in_flight < self.max;
-        endpoint.room(self.share).min(self.for_busy.saturating_sub(self.in_flight).max(usize::from(first_in_a_kept_slot)))
+        let free = if endpoint.in_flight == 0 {
+            usize::from(self.in_flight < self.max)
+        } else {
+            self.for_those_sending().saturating_sub(self.in_flight)
+        };
+        endpoint.room(self.share).min(free)
+    }
+
+    /// Counts `count` requests started (or a slot held for them) by an endpoint that had
+    /// `before` in flight.
+    fn take(&mut self, before: usize, count: usize) {
+        if before == 0 && count > 0 {
+            self.without_requests = self.without_requests.saturating_sub(1);
+        }
+        self.in_flight += count;
     }
 
     /// Whether `endpoint` may keep the slot of a request that ends for its next one.
     fn may_keep(&self, endpoint: &EndpointState) -> bool {
-        self.in_flight <= if endpoint.in_flight <= 1 { self.max } else { self.for_busy }
+        self.in_flight <= if endpoint.in_flight <= 1 { self.max } else { self.for_those_sending() }
     }
 }
 
 #[derive(Default)]
 pub struct Endpoints {
     pub by_id: BTreeMap<i64, EndpointState>,
-    /// Where the next sharing of the slots starts, so that when slots are scarce every endpoint
-    /// gets its turn.
-    turn: std::cell::Cell<usize>,
+    /// Requests the main thread started (each endpoint's `last_start` is one of these).
+    starts: u64,
     /// The subscriptions were read at least once.
     loaded: bool,
     /// Where the next pick-up of ready messages starts reading.
@@ -324,6 +347,7 @@ impl Endpoints {
             let known = self.by_id.get(&id);
             let (in_flight, due_now, next_due) = known.map_or((0, true, None), |k| (k.in_flight, k.due_now, k.next_due));
             let failure_unrecorded = known.is_some_and(|k| k.failure_unrecorded);
+            let last_start = known.map_or(0, |k| k.last_start);
             if enabled && known.is_some_and(|k| !k.enabled) {
                 // Enabled again by an operator, which starts its circuit afresh (the
                 // subscription's failing_since is NULL): the worker's older failure is not written
@@ -354,6 +378,7 @@ impl Endpoints {
                     queued,
                     failure_unrecorded,
                     head,
+                    last_start,
                 },
             );
         }
@@ -419,18 +444,18 @@ impl Endpoints {
             left -= cap;
             sharing -= 1;
         }
-        Slots { max: max_in_flight, for_busy, share: left.div_ceil(sharing.max(1)).max(1), in_flight }
+        let without_requests = self.by_id.values().filter(|e| e.enabled && e.in_flight == 0).count();
+        Slots { max: max_in_flight, share: left.div_ceil(sharing.max(1)).max(1), in_flight, without_requests }
     }
 
-    /// The endpoints `chosen`, in the order they take slots: those with nothing in flight
-    /// first (one that just got work starts in a kept slot before another takes it), each group
-    /// from where this turn starts, so that when slots are scarce every endpoint gets its turn.
+    /// The endpoints `chosen`, in the order they take slots: those with nothing in flight first
+    /// (one that just got work starts in a kept slot before another takes it), then the one
+    /// that waited longest since its last start, so that when slots are scarce every endpoint
+    /// gets its turn.
     fn in_turn(&self, chosen: impl Fn(&EndpointState) -> bool) -> Vec<i64> {
-        let chosen: Vec<&EndpointState> = self.by_id.values().filter(|e| chosen(e)).collect();
-        let first = if chosen.is_empty() { 0 } else { self.turn.get() % chosen.len() };
-        let mut ids: Vec<&EndpointState> = chosen[first..].iter().chain(&chosen[..first]).copied().collect();
-        ids.sort_by_key(|e| e.in_flight > 0); // (stable: the turn's order within each group)
-        ids.into_iter().map(|e| e.id).collect()
+        let mut chosen: Vec<&EndpointState> = self.by_id.values().filter(|e| chosen(e)).collect();
+        chosen.sort_by_key(|e| (e.in_flight > 0, e.last_start));
+        chosen.into_iter().map(|e| e.id).collect()
     }
 
     /// What to lease for each endpoint now, in turn: rounds ahead for a healthy endpoint (see
@@ -439,13 +464,11 @@ impl Endpoints {
     pub fn claims(&self, max_in_flight: usize, total_in_flight: usize, batch: usize, now: Instant) -> Vec<(i64, ClaimSize)> {
         let mut slots = self.slots(max_in_flight, total_in_flight);
         let mut claims = Vec::new();
-        let due = self.in_turn(|e| e.wants_to_send());
-        self.turn.set(self.turn.get().wrapping_add(1));
-        for state in due.into_iter().map(|id| &self.by_id[&id]) {
+        for state in self.in_turn(|e| e.wants_to_send()).into_iter().map(|id| &self.by_id[&id]) {
             let mut size = state.claim_size(slots.share, batch, now);
             if !state.leases_ahead() {
                 size.count = size.count.min(slots.free_for(state));
-                slots.in_flight += size.count;
+                slots.take(state.in_flight, size.count);
             }
             if size.count > 0 {
                 claims.push((state.id, size));
@@ -465,23 +488,35 @@ impl Endpoints {
 
     /// Takes from the queues the deliveries that may start now, endpoint by endpoint in turn,
     /// each within its room and rate limit and all within the worker's free slots, and counts
-    /// them as started. Returns them, and the ones found too late to start (to hand back).
+    /// them as started. An endpoint whose due work is not leased yet holds the slot it is next
+    /// for until the claim (which follows). Returns the deliveries to start, and the ones found
+    /// too late to start (to hand back).
     pub fn start_queued(&mut self, max_in_flight: usize, total_in_flight: usize, now: Instant) -> (Vec<Claimed>, Vec<Claimed>) {
         let mut slots = self.slots(max_in_flight, total_in_flight);
         let (mut start, mut late) = (Vec::new(), Vec::new());
-        for id in self.in_turn(|e| e.enabled && !e.queued.is_empty()) {
-            let state = self.by_id.get_mut(&id).expect("an endpoint with a queue");
-            while slots.free_for(state) > 0 && state.rate.is_none_or(|bucket| bucket.available(now) > 0) {
-                let Some(queued) = state.queued.pop_front() else { break };
+        let may_claim = !self.waiting_for_payload_room;
+        for id in self.in_turn(|e| e.enabled && (!e.queued.is_empty() || (may_claim && e.wants_to_send()))) {
+            let state = self.by_id.get_mut(&id).expect("an endpoint with work");
+            let has_a_token = |state: &EndpointState| state.rate.is_none_or(|bucket| bucket.available(now) > 0);
+            while slots.free_for(state) > 0 && has_a_token(state) {
+                let Some(queued) = state.queued.pop_front() else {
+                    if may_claim && state.wants_to_send() {
+                        slots.take(state.in_flight, 1); // held for its claim, which follows
+                    }
+                    break;
+                };
                 if queued.too_late(now) {
                     late.push(queued.delivery);
+                    state.due_now = true; // (handed back, it is due again)
                     continue;
                 }
+                slots.take(state.in_flight, 1);
                 state.in_flight += 1;
+                self.starts += 1;
+                state.last_start = self.starts;
                 if let Some(bucket) = state.rate.as_mut() {
                     bucket.take(1, now); // its rate limit's token is spent
                 }
-                slots.in_flight += 1;
                 start.push(queued.delivery);
             }
         }
@@ -607,6 +642,7 @@ mod unit_tests {
                     queued,
                     failure_unrecorded: false,
                     head: QueueHead::default(),
+                    last_start: 0,
                 },
             );
         }
@@ -698,14 +734,70 @@ mod unit_tests {
     }
 
     #[test]
+    fn a_slot_that_frees_goes_to_the_endpoint_that_waited_longest() {
+        // One slot, 1 and 2 with backlogs, 3 gets work (stop 54's probe: 3 waited 59 s, until
+        // 1 and 2 had no more, since the turn moved on only with claims).
+        let mut all = endpoints(&[(1, 0, true), (2, 0, true), (3, 0, false)]);
+        let mut order = Vec::new();
+        for round in 0..6 {
+            if round == 1 {
+                all.by_id.get_mut(&3).unwrap().due_now = true;
+            }
+            order.extend(all.free_slots_at(1, 0, Instant::now()).into_iter().map(|(id, _)| id));
+        }
+        assert_eq!(order, vec![1, 2, 3, 1, 2, 3]);
+    }
+
+    #[test]
+    fn an_endpoint_with_work_not_yet_leased_keeps_the_slot_it_is_next_for() {
+        // 1 holds the only slot with a backlog queued; 3 has work due, not leased yet: when 1's
+        // request ends, its slot waits for 3's claim instead of going to 1's next delivery.
+        let now = Instant::now();
+        let mut all = endpoints(&[(1, 0, true), (3, 0, false)]);
+        queue(&mut all, 1, 5, now + Duration::from_secs(60));
+        let (started, _) = all.start_queued(1, 0, now);
+        assert_eq!(started.iter().map(|d| d.subscription_id).collect::<Vec<_>>(), vec![1]);
+        all.by_id.get_mut(&1).unwrap().in_flight = 0; // (its answer came back)
+        all.by_id.get_mut(&3).unwrap().due_now = true;
+        let (started, _) = all.start_queued(1, 0, now);
+        assert_eq!(started.iter().map(|d| d.subscription_id).collect::<Vec<_>>(), vec![] as Vec<i64>, "3 is next");
+        queue(&mut all, 3, 1, now + Duration::from_secs(60));
+        let (started, _) = all.start_queued(1, 0, now);
+        assert_eq!(started.iter().map(|d| d.subscription_id).collect::<Vec<_>>(), vec![3]);
+    }
+
+    #[test]
+    fn an_endpoint_whose_deliveries_waited_too_long_keeps_the_slot_for_their_claim() {
+        // Two slots held by endpoints answering after 5 s; 3's queued delivery could not start
+        // within its lease's time to start (2.5 s): when a slot frees, it is handed back, and
+        // the slot waits for its claim again (stop 54's probe: the slot went to 1 or 2 each
+        // time, and 3 waited for their backlogs, 120 s and more).
+        let now = Instant::now();
+        let mut all = endpoints(&[(1, 0, true), (2, 1, true), (3, 0, false)]);
+        queue(&mut all, 1, 5, now + Duration::from_secs(60));
+        queue(&mut all, 3, 1, now - Duration::from_secs(1));
+        all.by_id.get_mut(&1).unwrap().last_start = 1;
+        let (started, late) = all.start_queued(2, 1, now);
+        assert_eq!(late.iter().map(|d| d.subscription_id).collect::<Vec<_>>(), vec![3]);
+        assert!(started.is_empty(), "the slot waits for 3's claim");
+        assert!(all.by_id[&3].due_now, "its delivery handed back is due");
+    }
+
+    #[test]
+    fn endpoints_that_get_work_together_leave_the_kept_slot_to_the_one_without() {
+        // 4 without work; 1 took what it could alone (8 less 3 kept); 2 and 3 get work in one
+        // step (stop 54's probe: they took 2 and the kept one, and 4 then waited).
+        let mut all = endpoints(&[(1, 5, true), (2, 0, true), (3, 0, true), (4, 0, false)]);
+        assert_eq!(all.free_slots_at(8, 5, Instant::now()), vec![(2, 1), (3, 1)]);
+    }
+
+    #[test]
     fn every_endpoint_with_work_gets_a_slot_however_many_share_them() {
         let many: Vec<(i64, usize, bool)> = (1..=3).map(|id| (id, 0, true)).collect();
         let mut endpoints = endpoints(&many);
         assert_eq!(free_slots(&mut endpoints, 2, 0), vec![(1, 1), (2, 1)]);
-        endpoints.claims(2, 0, 100, Instant::now()); // each claim moves the turn on
-        assert_eq!(free_slots(&mut endpoints, 2, 0), vec![(2, 1), (3, 1)], "the next round starts further on");
-        endpoints.claims(2, 0, 100, Instant::now());
-        assert_eq!(free_slots(&mut endpoints, 2, 0), vec![(3, 1), (1, 1)]);
+        assert_eq!(free_slots(&mut endpoints, 2, 0), vec![(3, 1), (1, 1)], "3 waited longest, then 1");
+        assert_eq!(free_slots(&mut endpoints, 2, 0), vec![(2, 1), (3, 1)]);
     }
 
     #[test]

@@ -278,6 +278,31 @@ def test_endpoints_with_work_take_turns_when_they_outnumber_the_slots(worker, re
     second.wait_for(150, timeout=30)
 
 
+def test_an_endpoint_that_gets_work_while_others_hold_the_slots_gets_the_next_one(worker, receivers):
+    """Two slots, two endpoints answering after 5 s working through backlogs: a third
+    endpoint's message waited until both backlogs were done (stop 54's probe: more than 25 s).
+    Its leased delivery could not start within its lease's time to start (2.5 s) and was
+    handed back each time a slot freed, which then went to another. The slot now waits for its
+    claim."""
+    db = worker
+    configure_worker({"outbox.max_in_flight": "2"})
+    first, second, third = receivers(), receivers(), receivers()
+    for topic, receiver in (("first.topic", first), ("second.topic", second), ("third.topic", third)):
+        if receiver is not third:
+            receiver.answer_by_default(200, delay=5)
+        db.execute("SELECT outbox_subscribe(%s, %s, timeout => interval '10 seconds')", (topic, receiver.url))
+    with db.transaction():
+        enqueue_many(db, 6, topic="first.topic")
+        enqueue_many(db, 6, topic="second.topic")
+    first.wait_for(1, timeout=10)
+    time.sleep(1)
+    sent = time.time()  # (the receiver's clock)
+    enqueue_many(db, 1, topic="third.topic")
+    third.wait_for(1, timeout=25)  # (the backlogs take 30 s)
+    waited = third.requests[0]["arrived_at"] - sent
+    assert waited < 6.0, f"the third endpoint's message waited {waited:.1f} s for a slot (a request takes 5 s)"
+
+
 def test_two_slow_endpoints_leave_a_slot_for_a_third(worker, receivers):
     """Two endpoints that answer slowly, each with a backlog, took 4 of the 8 slots each, and
     a third endpoint's message waited for one of their requests to end (stop 53's probe: up to
