@@ -1033,11 +1033,12 @@ def fan_out(cluster, receiver, s):
     subscribe = lambda urls: [conn.execute("SELECT outbox_subscribe('booking.created', %s)", (url,)) for url in urls]
     with cluster.connect() as conn:
         cluster.configure(max_in_flight=8, http_timeout="1s")
-        # (Per key and endpoint one delivery at a time: with 1,000 keys, 8 in flight still fill.)
         slow = Slow(0.05)
         # (name, receiver, endpoints, ordering keys, subscriptions without work, messages)
-        variants = (("1 endpoint(s)", receiver.url, 1, None, 0, messages), ("2 endpoint(s)", receiver.url, 2, None, 0, messages),
+        variants = (("1 endpoint(s)", receiver.url, 1, None, 0, messages),
+                    ("2 endpoint(s)", receiver.url, 2, None, 0, messages),
                     ("4 endpoint(s)", receiver.url, 4, None, 0, messages),
+                    # (Per key and endpoint one delivery at a time: with 1,000 keys, 8 in flight still fill.)
                     ("1 endpoint, 1,000 ordering keys", receiver.url, 1, 1000, 0, messages),
                     ("2 endpoints beside 6 without work", receiver.url, 2, None, 6, messages),
                     ("2 endpoints answering after 50 ms", slow.url, 2, None, 0, SLOW_MESSAGES),

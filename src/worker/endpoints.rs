@@ -185,6 +185,12 @@ impl EndpointState {
         self.enabled && self.due_now
     }
 
+    /// Whether it has a request to start: queued, or due (when `may_claim`: a claim may lease
+    /// its due deliveries).
+    fn has_a_request_to_start(&self, may_claim: bool) -> bool {
+        self.enabled && (!self.queued.is_empty() || (may_claim && self.due_now))
+    }
+
     /// Whether it has work: due, queued or in flight (it counts in the sharing of the slots).
     fn busy(&self) -> bool {
         self.wants_to_send() || (self.enabled && !self.queued.is_empty()) || self.in_flight > 0
@@ -246,15 +252,22 @@ impl Slots {
         self.max - self.without_requests.min(self.max / 2)
     }
 
-    /// How many requests `endpoint` may start now: within its share, and its first one in a
-    /// kept slot, the others within what the endpoints sending may have.
-    fn free_for(&self, endpoint: &EndpointState) -> usize {
-        let free = if endpoint.in_flight == 0 {
-            usize::from(self.in_flight < self.max)
+    /// The most that may be in flight when an endpoint with `before` in flight starts one
+    /// more: its first one may take a kept slot, the others only what the endpoints sending
+    /// may have.
+    fn limit_for(&self, before: usize) -> usize {
+        if before == 0 {
+            self.max
         } else {
-            self.for_those_sending().saturating_sub(self.in_flight)
-        };
-        endpoint.room(self.share).min(free)
+            self.for_those_sending()
+        }
+    }
+
+    /// How many requests `endpoint` may start now: within its share and the limit (in a kept
+    /// slot, only its first one).
+    fn free_for(&self, endpoint: &EndpointState) -> usize {
+        let free = self.limit_for(endpoint.in_flight).saturating_sub(self.in_flight);
+        endpoint.room(self.share).min(if endpoint.in_flight == 0 { free.min(1) } else { free })
     }
 
     /// Counts `count` requests started (or a slot held for them) by an endpoint that had
@@ -268,7 +281,7 @@ impl Slots {
 
     /// Whether `endpoint` may keep the slot of a request that ends for its next one.
     fn may_keep(&self, endpoint: &EndpointState) -> bool {
-        self.in_flight <= if endpoint.in_flight <= 1 { self.max } else { self.for_those_sending() }
+        self.in_flight <= self.limit_for(endpoint.in_flight.saturating_sub(1))
     }
 }
 
@@ -499,7 +512,7 @@ impl Endpoints {
         let mut slots = self.slots(max_in_flight, total_in_flight);
         let (mut start, mut late) = (Vec::new(), Vec::new());
         let may_claim = !self.waiting_for_payload_room;
-        for id in self.in_turn(|e| e.enabled && (!e.queued.is_empty() || (may_claim && e.wants_to_send()))) {
+        for id in self.in_turn(|e| e.has_a_request_to_start(may_claim)) {
             let state = self.by_id.get_mut(&id).expect("an endpoint with work");
             let has_a_token = |state: &EndpointState| state.rate.is_none_or(|bucket| bucket.available(now) > 0);
             while slots.free_for(state) > 0 && has_a_token(state) {
@@ -542,10 +555,8 @@ impl Endpoints {
     /// of the main loop.
     pub fn allow_continuing(&self, claiming: bool, max_in_flight: usize, total_in_flight: usize) {
         let slots = self.slots(max_in_flight, total_in_flight);
-        let one_waits_for_a_slot = self
-            .by_id
-            .values()
-            .any(|e| (e.wants_to_send() || (e.enabled && !e.queued.is_empty())) && e.room(slots.fair) > 0 && slots.free_for(e) == 0);
+        let one_waits_for_a_slot =
+            self.by_id.values().any(|e| e.has_a_request_to_start(true) && e.room(slots.fair) > 0 && slots.free_for(e) == 0);
         for state in self.by_id.values() {
             let may_keep_its_slot = state.in_flight <= state.cap(slots.share) && slots.may_keep(state) && !one_waits_for_a_slot;
             let healthy = state.enabled && !state.failing() && state.rate.is_none();
@@ -586,7 +597,7 @@ impl Endpoints {
         let may_claim = !self.waiting_for_payload_room;
         self.by_id
             .values()
-            .filter(|e| ((may_claim && e.wants_to_send()) || (e.enabled && !e.queued.is_empty())) && slots.free_for(e) > 0)
+            .filter(|e| e.has_a_request_to_start(may_claim) && slots.free_for(e) > 0)
             .map(|e| e.rate.map_or(Duration::ZERO, |bucket| bucket.wait_for_one(now)))
             .min()
     }
