@@ -40,13 +40,15 @@ pub const MAX_HEADERS: usize = 16;
 /// ... of at most this many bytes, names and values together.
 pub const MAX_HEADER_BYTES: usize = 8192;
 
-/// An endpoint is an absolute `http` or `https` URL with a host (and a port in 1–65535, if
-/// given) and nothing else: no credentials in it, no fragment, no whitespace, ASCII only.
+/// An endpoint is an absolute `http` or `https` URL (in any case) with a host (and a port in
+/// 1–65535, if given) and nothing else: no credentials in it, no fragment, no whitespace, ASCII only.
 pub fn check_url(url: &str) -> Result<(), Problem> {
     if url.len() > 2048 {
         return Err("is longer than 2048 characters".into());
     }
-    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")).ok_or("must be an http:// or https:// URL")?;
+    // The scheme ignores case (RFC 3986, 3.1), as the worker's client does.
+    let scheme_ends = url.find("://").filter(|&end| ["http", "https"].iter().any(|scheme| url[..end].eq_ignore_ascii_case(scheme)));
+    let rest = &url[scheme_ends.ok_or("must be an http:// or https:// URL")? + 3..];
     if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("must not contain whitespace or control characters".into());
     }
@@ -88,7 +90,8 @@ pub fn check_url(url: &str) -> Result<(), Problem> {
         )
         .into());
     }
-    if let Some(port) = port {
+    // An empty port is the scheme's default (RFC 3986, 3.2.3).
+    if let Some(port) = port.filter(|port| !port.is_empty()) {
         // Digits only (RFC 3986): Rust's parse takes a sign, and "+80" was stored and used as 80.
         match port.parse::<u32>() {
             Ok(1..=65535) if port.bytes().all(|b| b.is_ascii_digit()) => {}
@@ -240,6 +243,15 @@ mod unit_tests {
             "https://example.com",
             "http://example.com:65535/",
         ] {
+            assert_eq!(check_url(url), Ok(()), "{url}");
+        }
+    }
+
+    #[test]
+    fn accepts_what_rfc_3986_allows_of_scheme_case_and_an_empty_port() {
+        // A scheme ignores case, and an empty port is the scheme's default (RFC 3986, 3.1 and
+        // 3.2.3): both were refused though the worker's client reads them as intended.
+        for url in ["HTTP://127.0.0.1:8080/hooks", "Https://hooks.example.com/outbox", "http://example.com:/hooks", "https://[::1]:/"] {
             assert_eq!(check_url(url), Ok(()), "{url}");
         }
     }

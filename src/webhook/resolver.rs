@@ -112,6 +112,17 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_port_is_the_schemes_default() {
+        // outbox_subscribe takes "http://host:/" (RFC 3986, 3.2.3): it goes to port 80 (443).
+        let resolver = RememberingResolver::new(loopback());
+        for (url, port) in [("http://127.0.0.1:/hook", 80), ("https://127.0.0.1:/hook", 443), ("HTTPS://127.0.0.1/", 443)] {
+            let uri: Uri = url.parse().unwrap();
+            let addresses = resolver.resolve(&uri, &Config::default(), timeout()).unwrap();
+            assert_eq!(addresses.first().map(|a| a.port()), Some(port), "{url}");
+        }
+    }
+
+    #[test]
     fn a_remembered_answer_is_used_until_it_is_too_old() {
         let resolver = RememberingResolver::new(loopback());
         let unknown: Uri = "http://no-such-host.invalid/hook".parse().unwrap();

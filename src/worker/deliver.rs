@@ -359,6 +359,18 @@ mod unit_tests {
     }
 
     #[test]
+    fn an_endpoint_written_with_an_upper_case_scheme_is_reached() {
+        // outbox_subscribe takes "HTTP://" (a scheme ignores case): the client must read it so.
+        let (url, arrivals) = receiver(|_| 200);
+        let mut pool = loopback_pool(1);
+        let queue = EndpointQueue::new(endpoint(&url.replacen("http://", "HTTP://", 1)));
+        pool.send(vec![delivery(1)], |_| Arc::clone(&queue));
+        let answers = take_answers(&mut pool, 1);
+        assert!(matches!(answers[0].answer.outcome, crate::webhook::Outcome::Delivered), "{:?}", answers[0].answer.outcome);
+        assert_eq!(arrivals.try_iter().collect::<Vec<_>>(), vec!["m1".to_string()]);
+    }
+
+    #[test]
     fn a_failure_or_the_main_threads_no_stops_a_helper_from_going_on() {
         let (url, _arrivals) = receiver(|id| if id == "m3" { 503 } else { 200 });
         let mut pool = loopback_pool(1);

@@ -119,6 +119,16 @@ def test_delivers_with_every_header_and_a_verifiable_signature(worker, receiver)
     eventually(status_is(worker, message_id, "DONE"), what="DONE")
 
 
+def test_an_endpoint_whose_scheme_is_written_in_capitals_gets_its_messages(worker, receiver):
+    # RFC 3986: a scheme ignores case. outbox_subscribe refused "HTTP://" until 0.5.32.
+    url = receiver.url.replace("http://", "HTTP://", 1)
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (url,))
+    message_id, public_id = enqueue(worker)
+    [request] = receiver.wait_for(1)
+    assert request["headers"]["webhook-id"] == public_id
+    eventually(status_is(worker, message_id, "DONE"), what="DONE")
+
+
 def test_a_503_then_a_200_is_delivered_on_the_retry(worker, receiver):
     worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
     receiver.answer(503, body=b"upstream unavailable", headers={"Retry-After": "1"})
