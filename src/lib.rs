@@ -60,6 +60,7 @@ pub extern "C-unwind" fn _PG_init() {
     // The delivery worker exists only with shared_preload_libraries = 'outbox_ext'; without
     // it the SQL API works the same and nothing is delivered over HTTP.
     if preloading {
+        settings::reserve_the_prefix();
         worker::registry::init();
         worker::launcher::register();
         worker::hooks::install();

@@ -72,6 +72,17 @@ pub fn register() {
     );
 }
 
+/// Refuses `outbox.*` names that are not settings (`SET outbox.max_attempt = 3`: 42602), and
+/// warns of those in the configuration files, instead of keeping them as placeholders nothing
+/// reads. Only when preloaded: then every setting is defined. A library loaded by a session
+/// (no worker) leaves the prefix open, so that the worker's settings can be written before the
+/// restart that preloads it.
+pub fn reserve_the_prefix() {
+    // SAFETY: called from _PG_init while the postmaster preloads us, after the definitions;
+    // PostgreSQL copies the name into its own memory.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"outbox".as_ptr()) };
+}
+
 /// The delivery worker's settings (defined only while the library is preloaded: without it
 /// there is no worker).
 pub fn register_worker(preloading: bool) {

@@ -294,3 +294,20 @@ def test_an_errors_location_names_the_function_and_the_line_that_refused_it(db, 
     assert diag.source_function == function, diag.source_function
     assert diag.source_file.endswith(".rs") and not diag.source_file.endswith("error.rs"), diag.source_file
     assert int(diag.source_line) > 0
+
+
+@pytest.mark.parametrize("statement", [
+    "SET outbox.max_attempt = 3",
+    "SELECT set_config('outbox.backof_base', '1s', false)",
+    "ALTER ROLE CURRENT_USER SET outbox.http_timout = '1s'",
+    "ALTER DATABASE postgres SET outbox.max_inflight = 2",
+])
+def test_a_misspelled_setting_is_refused(db, statement):
+    """With the library preloaded every outbox.* setting is defined, so a name that is none of
+    them is a mistake: before 0.5.32 `SET outbox.max_attempt = 3` was kept as a placeholder
+    that nothing reads, and the retries went on with outbox.max_attempts' value."""
+    with pytest.raises(psycopg.errors.InvalidName) as caught:
+        with db.transaction():
+            db.execute(statement)
+    assert "outbox." in str(caught.value)
+    assert '"outbox" is a reserved prefix' in (caught.value.diag.message_detail or "")
