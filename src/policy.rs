@@ -58,6 +58,13 @@ impl RetryPolicy {
         attempts >= self.max_attempts
     }
 
+    /// Whether the next attempt of something that has had `attempts` is its last: the worker
+    /// leases such a delivery only to start it at once (claim.rs), since a crash keeps a lease's
+    /// attempt counted, sent or not.
+    pub fn is_last_attempt_next(&self, attempts: i32) -> bool {
+        attempts + 1 >= self.max_attempts
+    }
+
     /// Why a claim dead-lettered a message (kept in `last_error`, before the previous error):
     /// its last holder's lease ran out (it crashed or hung), or the limit was lowered.
     pub fn exhausted_reason(&self, attempts: i32, held_under_a_lease: bool) -> String {
@@ -150,6 +157,8 @@ mod unit_tests {
         let policy = essay_retry_policy();
         assert!(!policy.is_exhausted(7));
         assert!(policy.is_exhausted(8));
+        assert!(!policy.is_last_attempt_next(6));
+        assert!(policy.is_last_attempt_next(7));
         assert!(policy.exhausted_reason(3, true).starts_with("lease expired without an outcome after 3 deliveries"));
         assert_eq!(policy.exhausted_reason(9, false), "attempts (9) reached outbox.max_attempts (8)");
     }

@@ -1,8 +1,8 @@
 //! Claim, the worker's first step: pick up ready messages of the topics it delivers and make
 //! their deliveries (one per endpoint), then lease each endpoint's due deliveries, as many as
-//! its share of the in-flight slots allows and a few rounds ahead (endpoints.rs), and queue
-//! them for their endpoint. A delivery out of attempts is dead-lettered here instead (policy.rs
-//! decides, as for `outbox_claim`).
+//! its share of the in-flight slots allows and a few rounds ahead (endpoints.rs; a delivery's
+//! last attempt only to start at once), and queue them for their endpoint. A delivery out of
+//! attempts is dead-lettered here instead (policy.rs decides, as for `outbox_claim`).
 
 use super::endpoints::{self, ClaimSize, Endpoints, Queued};
 use super::record;
@@ -168,7 +168,19 @@ pub fn claim_for_endpoint(
         }
     }
     rows.retain(|(id, _, _)| !held.contains(id));
-    let (exhausted, live): (Vec<_>, Vec<_>) = rows.into_iter().partition(|&(_, attempts, _)| policy.is_exhausted(attempts));
+    let (exhausted, mut live): (Vec<_>, Vec<_>) = rows.into_iter().partition(|&(_, attempts, _)| policy.is_exhausted(attempts));
+    // A lease counts its attempt, and a crash keeps it counted (the request may have gone out):
+    // a delivery queued behind the slots on its last attempt would die unsent. Such a one is
+    // leased only to start at once; those beyond wait, still due, for a slot of theirs to free.
+    let (starting_at_once, due) = (size.starting_at_once(), live.len());
+    let mut leasing = 0;
+    live.retain(|&(_, attempts, _)| {
+        let lease = leasing < starting_at_once || !policy.is_last_attempt_next(attempts);
+        leasing += usize::from(lease);
+        lease
+    });
+    state.last_attempts_wait = live.len() < due;
+    state.due_now |= state.last_attempts_wait;
     if !exhausted.is_empty() {
         let ids: Vec<i64> = exhausted.iter().map(|&(id, _, _)| id).collect();
         let reasons: Vec<String> = exhausted.iter().map(|&(_, attempts, _)| policy.exhausted_reason(attempts, true)).collect();

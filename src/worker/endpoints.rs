@@ -68,6 +68,11 @@ pub struct ClaimSize {
 }
 
 impl ClaimSize {
+    /// How many of those leased now start in the first round, as soon as they are queued.
+    pub fn starting_at_once(&self) -> usize {
+        self.per_round.saturating_sub(self.ahead)
+    }
+
     /// The rounds of requests until the last of `leased` deliveries starts, its own included.
     pub fn rounds(&self, leased: usize) -> usize {
         (self.ahead + leased).div_ceil(self.per_round.max(1)).max(1)
@@ -103,6 +108,9 @@ pub struct EndpointState {
     /// When it last started a request (the worker's count of starts; 0: never): the slot that
     /// frees goes to the endpoint that waited longest.
     pub last_start: u64,
+    /// Its last claim left deliveries on their last attempt for want of a slot to start them in
+    /// at once (claim.rs): no claim until one of its rounds frees, which would find them again.
+    pub last_attempts_wait: bool,
 }
 
 /// The longest wait for a rate limit's next token (a tiny limit's is longer than a Duration
@@ -207,7 +215,7 @@ impl EndpointState {
         let cap = self.cap(share);
         let ahead = self.in_flight + self.queued.len();
         let mut size = ClaimSize { count: 0, ahead, per_round: cap, rate_limited: self.rate.is_some() };
-        if !self.wants_to_send() {
+        if !self.wants_to_send() || (self.last_attempts_wait && ahead >= cap) {
             return size;
         }
         if !self.leases_ahead() {
@@ -395,6 +403,8 @@ impl Endpoints {
                     failure_unrecorded,
                     head,
                     last_start,
+                    // (Its next claim finds out again.)
+                    last_attempts_wait: false,
                 },
             );
         }
@@ -658,6 +668,7 @@ mod unit_tests {
                     failure_unrecorded: false,
                     head: QueueHead::default(),
                     last_start: 0,
+                    last_attempts_wait: false,
                 },
             );
         }
@@ -890,6 +901,26 @@ mod unit_tests {
             }
         }
         assert!((495..=505).contains(&sent), "{sent} in 10 s");
+    }
+
+    #[test]
+    fn deliveries_on_their_last_attempt_wait_for_a_slot_free_now_without_a_claim_each_step() {
+        let now = Instant::now();
+        let mut all = endpoints(&[(1, 2, true)]);
+        // 2 of 4 slots busy: two of those leased now start at once.
+        let size = all.claims(4, 2, 100, now);
+        assert_eq!(size[0].1.starting_at_once(), 2);
+        // Its claim left some on their last attempt: no claim while every slot of its is busy
+        // (each would lock them again, find no slot and leave them)...
+        let state = all.by_id.get_mut(&1).unwrap();
+        state.last_attempts_wait = true;
+        state.in_flight = 4;
+        assert_eq!(all.claims(4, 4, 100, now), vec![]);
+        assert!(!all.want_claims(4, 4, 100, now));
+        // ... and one as soon as one frees.
+        all.by_id.get_mut(&1).unwrap().in_flight = 3;
+        let size = all.claims(4, 3, 100, now);
+        assert_eq!(size[0].1.starting_at_once(), 1);
     }
 
     #[test]

@@ -552,6 +552,45 @@ def test_a_worker_killed_mid_batch_loses_nothing(worker, receiver):
     assert duplicates <= 10 + 8, f"{duplicates} duplicates: more than one batch in flight"
 
 
+def test_a_worker_killed_twice_dead_letters_no_delivery_it_never_sent(worker, receiver):
+    """A lease counts an attempt, and a crash keeps it counted (a request in flight may have
+    gone out). The worker leases rounds ahead of its slots, so a crash also counted an attempt
+    for every delivery queued behind them, never sent: stop 55's probe saw 32 of 40 deliveries
+    to a healthy endpoint dead-lettered after two kill -9 (max_attempts 2), none of them ever
+    requested. A delivery's last attempt is now leased only to start at once."""
+    configure_worker({"outbox.max_attempts": "2", "outbox.max_in_flight": "1"})
+    worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => interval '10 seconds')", (receiver.url,))
+    receiver.answer_by_default(200, delay=1.0)
+    ids = [enqueue(worker, payload={"n": n})[0] for n in range(8)]
+
+    def kill_the_worker_during_request(count):
+        receiver.wait_for(count, timeout=60, started=True)  # the others are leased, queued behind it
+        def pid():
+            try:
+                with connect(autocommit=True) as conn:
+                    return worker_pid(conn)
+            except psycopg.OperationalError:
+                return None  # still recovering
+        os.kill(eventually(pid, timeout=60, interval=0.2, what="the worker"), signal.SIGKILL)
+
+    kill_the_worker_during_request(1)
+    kill_the_worker_during_request(2)
+
+    def ended():
+        try:
+            with connect(autocommit=True) as conn:
+                return conn.execute("SELECT count(*) FROM outbox WHERE status <> 'PENDING'").fetchone()[0] == len(ids)
+        except psycopg.OperationalError:
+            return False
+
+    eventually(ended, timeout=90, interval=0.5, what="every message to end")
+    with connect(autocommit=True) as conn:
+        dead = {row[0] for row in conn.execute("SELECT public_id::text FROM outbox_deliveries WHERE status = 'DEAD'")}
+    requested = {r["headers"]["webhook-id"] for r in receiver.wait_for(receiver.started, timeout=30)}  # (answers pending)
+    assert dead <= requested, f"{len(dead - requested)} of {len(ids)} deliveries dead-lettered without a request"
+    assert len(dead) <= 2, "only those in flight at a kill may die"
+
+
 def test_only_administrators_manage_subscriptions(worker):
     worker.execute("DROP ROLE IF EXISTS outbox_app")
     worker.execute("CREATE ROLE outbox_app LOGIN")
