@@ -107,6 +107,8 @@ pub fn fan_out(
 pub struct Room {
     /// Deliveries it may lease, with what is ahead of them (endpoints::ClaimSize).
     pub size: ClaimSize,
+    /// How many of them would start at once (Endpoints::starting_at_once).
+    pub starting_at_once: usize,
     /// Payload bytes the worker may still hold (outbox.worker_memory).
     pub byte_budget: i64,
     /// No request is in flight: the first delivery goes even beyond the budget (alone).
@@ -134,7 +136,7 @@ pub fn claim_for_endpoint(
     policy: &RetryPolicy,
     (now, started): (pg_sys::TimestampTz, Instant),
 ) -> Vec<Queued> {
-    let Room { size, byte_budget, nothing_in_flight, held, leases_run_out_by } = room;
+    let Room { size, starting_at_once, byte_budget, nothing_in_flight, held, leases_run_out_by } = room;
     let leases_run_out_by = leases_run_out_by.min(now);
     let slots = size.count;
     let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
@@ -172,7 +174,7 @@ pub fn claim_for_endpoint(
     // A lease counts its attempt, and a crash keeps it counted (the request may have gone out):
     // a delivery queued behind the slots on its last attempt would die unsent. Such a one is
     // leased only to start at once; those beyond wait, still due, for a slot of theirs to free.
-    let (starting_at_once, due) = (size.starting_at_once(), live.len());
+    let due = live.len();
     let mut leasing = 0;
     live.retain(|&(_, attempts, _)| {
         let lease = leasing < starting_at_once || !policy.is_last_attempt_next(attempts);

@@ -68,11 +68,6 @@ pub struct ClaimSize {
 }
 
 impl ClaimSize {
-    /// How many of those leased now start in the first round, as soon as they are queued.
-    pub fn starting_at_once(&self) -> usize {
-        self.per_round.saturating_sub(self.ahead)
-    }
-
     /// The rounds of requests until the last of `leased` deliveries starts, its own included.
     pub fn rounds(&self, leased: usize) -> usize {
         (self.ahead + leased).div_ceil(self.per_round.max(1)).max(1)
@@ -109,7 +104,7 @@ pub struct EndpointState {
     /// frees goes to the endpoint that waited longest.
     pub last_start: u64,
     /// Its last claim left deliveries on their last attempt for want of a slot to start them in
-    /// at once (claim.rs): no claim until one of its rounds frees, which would find them again.
+    /// at once (claim.rs): no claim while none is free, which would find them again.
     pub last_attempts_wait: bool,
 }
 
@@ -209,13 +204,26 @@ impl EndpointState {
         !self.failing()
     }
 
+    /// How many deliveries leased for it now would start at once: after those queued, within
+    /// the worker's slots free for it and its rate limit's tokens.
+    fn starting_at_once(&self, slots: &Slots, now: Instant) -> usize {
+        let tokens = self.rate.map_or(usize::MAX, |bucket| bucket.available(now));
+        slots.free_for(self).min(tokens).saturating_sub(self.queued.len())
+    }
+
+    /// Its last claim left deliveries on their last attempt, and none could start now: a claim
+    /// would lock them and leave them again.
+    fn waits_to_lease_a_last_attempt(&self, slots: &Slots, now: Instant) -> bool {
+        self.last_attempts_wait && self.starting_at_once(slots, now) == 0
+    }
+
     /// What to lease for it now with `share` slots, `batch` (outbox.worker_batch_size) in
     /// flight and queued at most, leaving aside the worker's free slots.
     fn claim_size(&self, share: usize, batch: usize, now: Instant) -> ClaimSize {
         let cap = self.cap(share);
         let ahead = self.in_flight + self.queued.len();
         let mut size = ClaimSize { count: 0, ahead, per_round: cap, rate_limited: self.rate.is_some() };
-        if !self.wants_to_send() || (self.last_attempts_wait && ahead >= cap) {
+        if !self.wants_to_send() {
             return size;
         }
         if !self.leases_ahead() {
@@ -492,6 +500,9 @@ impl Endpoints {
         let mut slots = self.slots(max_in_flight, total_in_flight);
         let mut claims = Vec::new();
         for state in self.in_turn(|e| e.wants_to_send()).into_iter().map(|id| &self.by_id[&id]) {
+            if state.waits_to_lease_a_last_attempt(&slots, now) {
+                continue;
+            }
             let mut size = state.claim_size(slots.share, batch, now);
             if !state.leases_ahead() {
                 size.count = size.count.min(slots.free_for(state));
@@ -509,8 +520,15 @@ impl Endpoints {
         let slots = self.slots(max_in_flight, total_in_flight);
         self.by_id.values().any(|e| {
             let size = e.claim_size(slots.share, batch, now);
-            size.count > 0 && (e.leases_ahead() || slots.free_for(e) > 0)
+            size.count > 0 && (e.leases_ahead() || slots.free_for(e) > 0) && !e.waits_to_lease_a_last_attempt(&slots, now)
         })
+    }
+
+    /// How many deliveries leased for endpoint `id` now would start at once (a delivery on its
+    /// last attempt is leased only so: claim.rs).
+    pub fn starting_at_once(&self, id: i64, max_in_flight: usize, total_in_flight: usize, now: Instant) -> usize {
+        let slots = self.slots(max_in_flight, total_in_flight);
+        self.by_id.get(&id).map_or(0, |e| e.starting_at_once(&slots, now))
     }
 
     /// Takes from the queues the deliveries that may start now, endpoint by endpoint in turn,
@@ -906,21 +924,26 @@ mod unit_tests {
     #[test]
     fn deliveries_on_their_last_attempt_wait_for_a_slot_free_now_without_a_claim_each_step() {
         let now = Instant::now();
+        // Endpoint 1 has 2 in flight and room for 2 more of the worker's 4 slots.
         let mut all = endpoints(&[(1, 2, true)]);
-        // 2 of 4 slots busy: two of those leased now start at once.
-        let size = all.claims(4, 2, 100, now);
-        assert_eq!(size[0].1.starting_at_once(), 2);
-        // Its claim left some on their last attempt: no claim while every slot of its is busy
-        // (each would lock them again, find no slot and leave them)...
-        let state = all.by_id.get_mut(&1).unwrap();
-        state.last_attempts_wait = true;
-        state.in_flight = 4;
+        assert_eq!(all.starting_at_once(1, 4, 2, now), 2);
+        queue(&mut all, 1, 1, now + Duration::from_secs(1));
+        assert_eq!(all.starting_at_once(1, 4, 2, now), 1, "after the one queued");
+        all.by_id.get_mut(&1).unwrap().queued.truncate(0);
+        // Another endpoint holds the worker's other 2 slots: none would start at once.
+        assert_eq!(all.starting_at_once(1, 4, 4, now), 0);
+        // Its claim left some on their last attempt: no claim while none can start (each would
+        // lock them again and leave them)...
+        all.by_id.get_mut(&1).unwrap().last_attempts_wait = true;
         assert_eq!(all.claims(4, 4, 100, now), vec![]);
         assert!(!all.want_claims(4, 4, 100, now));
-        // ... and one as soon as one frees.
-        all.by_id.get_mut(&1).unwrap().in_flight = 3;
-        let size = all.claims(4, 3, 100, now);
-        assert_eq!(size[0].1.starting_at_once(), 1);
+        // ... and one as soon as a slot frees.
+        assert_eq!(all.claims(4, 3, 100, now).len(), 1);
+        assert!(all.want_claims(4, 3, 100, now));
+        assert_eq!(all.starting_at_once(1, 4, 3, now), 1);
+        // A rate limit without a token: none at once either.
+        all.by_id.get_mut(&1).unwrap().rate = Some(TokenBucket { per_second: 0.001, tokens: 0.0, at: now });
+        assert_eq!(all.starting_at_once(1, 4, 3, now), 0);
     }
 
     #[test]
