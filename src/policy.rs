@@ -66,12 +66,12 @@ impl RetryPolicy {
     }
 
     /// Why a claim dead-lettered a message (kept in `last_error`, before the previous error):
-    /// its last holder's lease ran out (it crashed or hung), or the limit was lowered.
-    pub fn exhausted_reason(&self, attempts: i32, held_under_a_lease: bool) -> String {
-        if held_under_a_lease {
-            format!("lease expired without an outcome after {attempts} deliveries (did the consumer crash?)")
-        } else {
-            format!("attempts ({attempts}) reached outbox.max_attempts ({})", self.max_attempts)
+    /// the lease of its last `holder` (a consumer, the delivery worker) ran out (it crashed or
+    /// hung), or, held by none, the limit was lowered.
+    pub fn exhausted_reason(&self, attempts: i32, holder: Option<&str>) -> String {
+        match holder {
+            Some(holder) => format!("lease expired without an outcome after {attempts} deliveries (did the {holder} crash?)"),
+            None => format!("attempts ({attempts}) reached outbox.max_attempts ({})", self.max_attempts),
         }
     }
 }
@@ -159,8 +159,12 @@ mod unit_tests {
         assert!(policy.is_exhausted(8));
         assert!(!policy.is_last_attempt_next(6));
         assert!(policy.is_last_attempt_next(7));
-        assert!(policy.exhausted_reason(3, true).starts_with("lease expired without an outcome after 3 deliveries"));
-        assert_eq!(policy.exhausted_reason(9, false), "attempts (9) reached outbox.max_attempts (8)");
+        assert_eq!(
+            policy.exhausted_reason(3, Some("consumer")),
+            "lease expired without an outcome after 3 deliveries (did the consumer crash?)"
+        );
+        assert!(policy.exhausted_reason(8, Some("delivery worker")).ends_with("(did the delivery worker crash?)"));
+        assert_eq!(policy.exhausted_reason(9, None), "attempts (9) reached outbox.max_attempts (8)");
     }
 
     fn essay_policy(jitter: f64) -> BackoffPolicy {

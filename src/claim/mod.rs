@@ -98,7 +98,8 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     let (exhausted, live): (Vec<Locked>, Vec<Locked>) = locked.into_iter().partition(|m| policy.is_exhausted(m.attempts));
     if !exhausted.is_empty() {
         let ids: Vec<i64> = exhausted.iter().map(|m| m.id).collect();
-        let reasons: Vec<String> = exhausted.iter().map(|m| policy.exhausted_reason(m.attempts, m.held_under_a_lease)).collect();
+        let reasons: Vec<String> =
+            exhausted.iter().map(|m| policy.exhausted_reason(m.attempts, m.held_under_a_lease.then_some("consumer"))).collect();
         let keys = spi.execute(&DEAD_LETTER, schema, &[ids.into_datum(), Some(claimed_at), reasons.into_datum()]).datum(0, 1);
         ordering::release_message_keys(&mut spi, schema, keys);
     }

@@ -185,7 +185,8 @@ pub fn claim_for_endpoint(
     state.due_now |= state.last_attempts_wait;
     if !exhausted.is_empty() {
         let ids: Vec<i64> = exhausted.iter().map(|&(id, _, _)| id).collect();
-        let reasons: Vec<String> = exhausted.iter().map(|&(_, attempts, _)| policy.exhausted_reason(attempts, true)).collect();
+        let reasons: Vec<String> =
+            exhausted.iter().map(|&(_, attempts, _)| policy.exhausted_reason(attempts, Some("delivery worker"))).collect();
         let arguments = [subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()];
         let messages = record::end_deliveries(spi, schema, &DEAD_LETTER, &arguments, &mut endpoints.releasing_held);
         record::settle_messages(spi, schema, messages, &mut endpoints.settling_held);

@@ -589,6 +589,10 @@ def test_a_worker_killed_twice_dead_letters_no_delivery_it_never_sent(worker, re
     requested = {r["headers"]["webhook-id"] for r in receiver.wait_for(receiver.started, timeout=30)}  # (answers pending)
     assert dead <= requested, f"{len(dead - requested)} of {len(ids)} deliveries dead-lettered without a request"
     assert len(dead) <= 2, "only those in flight at a kill may die"
+    with connect(autocommit=True) as conn:
+        reasons = {row[0] for row in conn.execute("SELECT last_error FROM outbox_deliveries WHERE status = 'DEAD'")}
+    # (It said "did the consumer crash?" until 0.5.32, as for a SQL consumer's lease.)
+    assert all("(did the delivery worker crash?)" in reason for reason in reasons), reasons
 
 
 def test_only_administrators_manage_subscriptions(worker):
