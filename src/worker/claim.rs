@@ -107,8 +107,6 @@ pub fn fan_out(
 pub struct Room {
     /// Deliveries it may lease, with what is ahead of them (endpoints::ClaimSize).
     pub size: ClaimSize,
-    /// How many of them would start at once (Endpoints::starting_at_once).
-    pub starting_at_once: usize,
     /// Payload bytes the worker may still hold (outbox.worker_memory).
     pub byte_budget: i64,
     /// No request is in flight: the first delivery goes even beyond the budget (alone).
@@ -136,7 +134,7 @@ pub fn claim_for_endpoint(
     policy: &RetryPolicy,
     (now, started): (pg_sys::TimestampTz, Instant),
 ) -> Vec<Queued> {
-    let Room { size, starting_at_once, byte_budget, nothing_in_flight, held, leases_run_out_by } = room;
+    let Room { size, byte_budget, nothing_in_flight, held, leases_run_out_by } = room;
     let leases_run_out_by = leases_run_out_by.min(now);
     let slots = size.count;
     let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
@@ -177,7 +175,7 @@ pub fn claim_for_endpoint(
     let due = live.len();
     let mut leasing = 0;
     live.retain(|&(_, attempts, _)| {
-        let lease = leasing < starting_at_once || !policy.is_last_attempt_next(attempts);
+        let lease = leasing < size.at_once || !policy.is_last_attempt_next(attempts);
         leasing += usize::from(lease);
         lease
     });

@@ -65,6 +65,9 @@ pub struct ClaimSize {
     pub per_round: usize,
     /// Under a rate limit, what is leased ahead waits for tokens up to one timeout more.
     pub rate_limited: bool,
+    /// How many of those leased would start at once ([`EndpointState::starting_at_once`]): a
+    /// delivery on its last attempt is leased only so (claim.rs).
+    pub at_once: usize,
 }
 
 impl ClaimSize {
@@ -222,7 +225,7 @@ impl EndpointState {
     fn claim_size(&self, share: usize, batch: usize, now: Instant) -> ClaimSize {
         let cap = self.cap(share);
         let ahead = self.in_flight + self.queued.len();
-        let mut size = ClaimSize { count: 0, ahead, per_round: cap, rate_limited: self.rate.is_some() };
+        let mut size = ClaimSize { count: 0, ahead, per_round: cap, rate_limited: self.rate.is_some(), at_once: 0 };
         if !self.wants_to_send() {
             return size;
         }
@@ -504,6 +507,7 @@ impl Endpoints {
                 continue;
             }
             let mut size = state.claim_size(slots.share, batch, now);
+            size.at_once = state.starting_at_once(&slots, now);
             if !state.leases_ahead() {
                 size.count = size.count.min(slots.free_for(state));
                 slots.take(state.in_flight, size.count);
@@ -522,13 +526,6 @@ impl Endpoints {
             let size = e.claim_size(slots.share, batch, now);
             size.count > 0 && (e.leases_ahead() || slots.free_for(e) > 0) && !e.waits_to_lease_a_last_attempt(&slots, now)
         })
-    }
-
-    /// How many deliveries leased for endpoint `id` now would start at once (a delivery on its
-    /// last attempt is leased only so: claim.rs).
-    pub fn starting_at_once(&self, id: i64, max_in_flight: usize, total_in_flight: usize, now: Instant) -> usize {
-        let slots = self.slots(max_in_flight, total_in_flight);
-        self.by_id.get(&id).map_or(0, |e| e.starting_at_once(&slots, now))
     }
 
     /// Takes from the queues the deliveries that may start now, endpoint by endpoint in turn,
@@ -903,7 +900,7 @@ mod unit_tests {
         // 50/s saves up a tenth of a second: 5 at once, then one every 20 ms. Leased ahead: no
         // more than its tokens let start within a timeout (5 s: 250) beyond a round (8).
         let size = all.claims(8, 0, 1000, start);
-        assert_eq!(size, vec![(1, ClaimSize { count: 258, ahead: 0, per_round: 8, rate_limited: true })]);
+        assert_eq!(size, vec![(1, ClaimSize { count: 258, ahead: 0, per_round: 8, rate_limited: true, at_once: 1 })]);
         assert_eq!(size[0].1.rounds(258), 34, "the rounds, and a timeout's wait for tokens");
         assert_eq!(all.free_slots_at(8, 0, start), vec![(1, 5)]);
         assert_eq!(all.free_slots_at(8, 0, start), vec![]);
@@ -924,26 +921,27 @@ mod unit_tests {
     #[test]
     fn deliveries_on_their_last_attempt_wait_for_a_slot_free_now_without_a_claim_each_step() {
         let now = Instant::now();
+        let at_once = |all: &Endpoints, total_in_flight| all.claims(4, total_in_flight, 100, now).first().map(|claim| claim.1.at_once);
         // Endpoint 1 has 2 in flight and room for 2 more of the worker's 4 slots.
         let mut all = endpoints(&[(1, 2, true)]);
-        assert_eq!(all.starting_at_once(1, 4, 2, now), 2);
+        assert_eq!(at_once(&all, 2), Some(2));
         queue(&mut all, 1, 1, now + Duration::from_secs(1));
-        assert_eq!(all.starting_at_once(1, 4, 2, now), 1, "after the one queued");
+        assert_eq!(at_once(&all, 2), Some(1), "after the one queued");
         all.by_id.get_mut(&1).unwrap().queued.truncate(0);
         // Another endpoint holds the worker's other 2 slots: none would start at once.
-        assert_eq!(all.starting_at_once(1, 4, 4, now), 0);
+        assert_eq!(at_once(&all, 4), Some(0));
         // Its claim left some on their last attempt: no claim while none can start (each would
         // lock them again and leave them)...
         all.by_id.get_mut(&1).unwrap().last_attempts_wait = true;
         assert_eq!(all.claims(4, 4, 100, now), vec![]);
         assert!(!all.want_claims(4, 4, 100, now));
         // ... and one as soon as a slot frees.
-        assert_eq!(all.claims(4, 3, 100, now).len(), 1);
+        assert_eq!(at_once(&all, 3), Some(1));
         assert!(all.want_claims(4, 3, 100, now));
-        assert_eq!(all.starting_at_once(1, 4, 3, now), 1);
-        // A rate limit without a token: none at once either.
+        // A rate limit without a token: none at once either, and no claim.
         all.by_id.get_mut(&1).unwrap().rate = Some(TokenBucket { per_second: 0.001, tokens: 0.0, at: now });
-        assert_eq!(all.starting_at_once(1, 4, 3, now), 0);
+        assert_eq!(all.claims(4, 3, 100, now), vec![]);
+        assert!(!all.want_claims(4, 3, 100, now));
     }
 
     #[test]
@@ -953,23 +951,29 @@ mod unit_tests {
         // but no lease beyond about 10 minutes: 64 rounds at most.
         let mut all = endpoints(&[(1, 0, true)]);
         let size = all.claims(1, 0, 100, now);
-        assert_eq!(size, vec![(1, ClaimSize { count: 64, ahead: 0, per_round: 1, rate_limited: false })]);
+        assert_eq!(size, vec![(1, ClaimSize { count: 64, ahead: 0, per_round: 1, rate_limited: false, at_once: 1 })]);
         assert_eq!(size[0].1.rounds(64), 64);
         assert_eq!(size[0].1.rounds(2), 2, "the lease is for what was leased, not what was asked for");
         // 32 at once: in flight and queued together stay within the batch.
         let size = all.claims(32, 0, 100, now);
-        assert_eq!(size, vec![(1, ClaimSize { count: 100, ahead: 0, per_round: 32, rate_limited: false })]);
+        assert_eq!(size, vec![(1, ClaimSize { count: 100, ahead: 0, per_round: 32, rate_limited: false, at_once: 1 })]);
         assert_eq!(size[0].1.rounds(100), 4);
         assert_eq!(size[0].1.rounds(3), 1);
         all.by_id.get_mut(&1).unwrap().in_flight = 30;
-        assert_eq!(all.claims(32, 30, 100, now), vec![(1, ClaimSize { count: 70, ahead: 30, per_round: 32, rate_limited: false })]);
+        assert_eq!(
+            all.claims(32, 30, 100, now),
+            vec![(1, ClaimSize { count: 70, ahead: 30, per_round: 32, rate_limited: false, at_once: 2 })]
+        );
         // A round still queued: nothing more yet.
         queue(&mut all, 1, 32, now + Duration::from_secs(1));
         assert_eq!(all.claims(32, 30, 100, now), vec![]);
         assert!(!all.want_claims(32, 30, 100, now));
         // Below a round: refilled to the batch.
         all.by_id.get_mut(&1).unwrap().queued.truncate(10);
-        assert_eq!(all.claims(32, 30, 100, now), vec![(1, ClaimSize { count: 60, ahead: 40, per_round: 32, rate_limited: false })]);
+        assert_eq!(
+            all.claims(32, 30, 100, now),
+            vec![(1, ClaimSize { count: 60, ahead: 40, per_round: 32, rate_limited: false, at_once: 0 })]
+        );
         // An answer failed: until the breaker has seen it, one request at a time, none ahead.
         all.by_id.get_mut(&1).unwrap().failure_unrecorded = true;
         assert_eq!(all.claims(32, 30, 100, now), vec![]);
@@ -978,7 +982,7 @@ mod unit_tests {
         Arc::get_mut(&mut all.by_id.get_mut(&1).unwrap().endpoint).unwrap().timeout = Duration::from_secs(300);
         all.by_id.get_mut(&1).unwrap().queued.take_all();
         all.by_id.get_mut(&1).unwrap().in_flight = 0;
-        assert_eq!(all.claims(1, 0, 100, now), vec![(1, ClaimSize { count: 1, ahead: 0, per_round: 1, rate_limited: false })]);
+        assert_eq!(all.claims(1, 0, 100, now), vec![(1, ClaimSize { count: 1, ahead: 0, per_round: 1, rate_limited: false, at_once: 1 })]);
     }
 
     #[test]

@@ -503,15 +503,7 @@ impl Worker {
                     break;
                 }
                 let held = held_deliveries.range((subscription_id, i64::MIN)..=(subscription_id, i64::MAX)).map(|&(_, id)| id).collect();
-                let starting_at_once = self.endpoints.starting_at_once(subscription_id, max_in_flight, self.pool.in_flight(), claimed_at);
-                let room = claim::Room {
-                    size,
-                    starting_at_once,
-                    byte_budget: budget,
-                    nothing_in_flight,
-                    held,
-                    leases_run_out_by: self.answers_taken_at,
-                };
+                let room = claim::Room { size, byte_budget: budget, nothing_in_flight, held, leases_run_out_by: self.answers_taken_at };
                 let got =
                     claim::claim_for_endpoint(&mut spi, schema, &mut self.endpoints, subscription_id, room, &policy, (now, claimed_at));
                 budget -= got.iter().map(|q| q.delivery.message.body.len() as i64).sum::<i64>();
