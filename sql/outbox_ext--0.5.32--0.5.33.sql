@@ -1818,6 +1818,9 @@ GRANT SELECT ON outbox_subscription TO outbox_worker;
 GRANT UPDATE (failing_since, enabled, disabled_reason) ON outbox_subscription TO outbox_worker;
 GRANT SELECT, INSERT, UPDATE ON outbox_delivery TO outbox_worker;
 GRANT INSERT ON outbox_delivery_attempt TO outbox_worker;
+-- ... and reads which attempt it logged last, not what came back: a delivery out of attempts
+-- with its last one answered saw the limit lowered, not a crash (0.5.33).
+GRANT SELECT (message_id, subscription_id, attempt, started_at) ON outbox_delivery_attempt TO outbox_worker;
 -- (The attempt log's partition key: routing a row runs it with the inserter's rights.)
 GRANT EXECUTE ON FUNCTION outbox_attempt_log_slot(timestamptz) TO outbox_worker;
 GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer), outbox_archive(integer), outbox_compact(boolean, integer)

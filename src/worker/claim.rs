@@ -21,6 +21,8 @@ static PICK_UP: crate::topic::WalkOfTopics =
 static FAN_OUT: Statement = Statement::new(include_str!("fan_out.sql"), &[TIMESTAMPTZOID, INT8ARRAYOID]);
 static LOCK: Statement =
     Statement::new(include_str!("lock_deliveries.sql"), &[INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID]);
+static LAST_ATTEMPTS_ANSWERED: Statement =
+    Statement::new(include_str!("last_attempts_answered.sql"), &[INT8OID, INT8ARRAYOID, INT4ARRAYOID]);
 static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TEXTARRAYOID]);
 static LEASE: Statement = Statement::new(include_str!("lease_deliveries.sql"), &[INT8OID, INT8ARRAYOID, TIMESTAMPTZOID, INTERVALOID]);
 static RELEASE_LEASES: Statement = Statement::new(include_str!("release_leases.sql"), &[]);
@@ -183,8 +185,16 @@ pub fn claim_for_endpoint(
     state.due_now |= state.last_attempts_wait;
     if !exhausted.is_empty() {
         let ids: Vec<i64> = exhausted.iter().map(|&(id, _, _)| id).collect();
-        let reasons: Vec<String> =
-            exhausted.iter().map(|&(_, attempts, _)| policy.exhausted_reason(attempts, Some("delivery worker"))).collect();
+        // Out of attempts with their last one answered: the limit was lowered. Else the worker's
+        // lease of the last one ran out (it stopped during the request).
+        let attempts: Vec<i32> = exhausted.iter().map(|&(_, attempts, _)| attempts).collect();
+        let answered =
+            spi.execute(&LAST_ATTEMPTS_ANSWERED, schema, &[subscription_id.into_datum(), ids.clone().into_datum(), attempts.into_datum()]);
+        let answered: BTreeSet<i64> = (0..answered.len()).filter_map(|r| answered.get(r, 1)).collect();
+        let reasons: Vec<String> = exhausted
+            .iter()
+            .map(|&(id, attempts, _)| policy.exhausted_reason(attempts, (!answered.contains(&id)).then_some("delivery worker")))
+            .collect();
         let arguments = [subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()];
         let messages = record::end_deliveries(spi, schema, &DEAD_LETTER, &arguments, &mut endpoints.releasing_held);
         record::settle_messages(spi, schema, messages, &mut endpoints.settling_held);

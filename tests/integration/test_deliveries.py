@@ -511,6 +511,39 @@ def test_a_message_an_operator_holds_is_settled_after_its_commit_holding_back_no
     assert "a delivery step failed" not in log.since()
 
 
+def test_a_delivery_dead_lettered_after_the_limit_was_lowered_says_so(fast_worker, receivers):
+    """A delivery found out of attempts at a claim either lost its last attempt's outcome (the
+    worker stopped during the request) or saw outbox.max_attempts lowered below its attempts.
+    Until 0.5.33 the dead letter asked "did the delivery worker crash?" in both cases: an operator
+    who had lowered the limit was sent looking for a crash. The attempt log tells them apart."""
+    db = fast_worker
+    receiver = receivers()
+    endpoint = db.execute("SELECT outbox_subscribe('lowered.topic', %s)", (receiver.url,)).fetchone()[0]
+    db.execute("SELECT outbox_disable_subscription(%s)", (endpoint,))
+    answered, unanswered = (
+        db.execute("INSERT INTO outbox (topic, payload, waiting_for) VALUES ('lowered.topic', '{}', 'deliveries') RETURNING id").fetchone()[0]
+        for _ in range(2)
+    )
+    # Both out of attempts (outbox.max_attempts = 3): the first answered 500 three times...
+    db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, attempts, last_error)
+                  VALUES (%s, %s, 3, 'HTTP 500'), (%s, %s, 3, 'HTTP 500')""", (answered, endpoint, unanswered, endpoint))
+    db.execute("""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
+                  SELECT %s, %s, attempt, now() - (4 - attempt) * interval '1 minute', '10ms', 500 FROM generate_series(1, 3) attempt""", (answered, endpoint))
+    # ...the second answered twice, and its third request got no outcome (its earlier round, before
+    # a redelivery started its attempts again, had a third one answered).
+    db.execute("""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
+                  SELECT %s, %s, attempt, now() - (4 - attempt) * interval '1 minute' - round * interval '1 hour', '10ms', 500
+                    FROM generate_series(1, 3) attempt, generate_series(0, 1) round
+                   WHERE round = 1 OR attempt < 3""", (unanswered, endpoint))
+    db.execute("SELECT outbox_enable_subscription(%s)", (endpoint,))
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_delivery WHERE subscription_id = %s AND status = 'DEAD'", (endpoint,)).fetchone()[0] == 2,
+               what="both dead-lettered")
+    reason = dict(db.execute("SELECT message_id, last_error FROM outbox_delivery WHERE subscription_id = %s", (endpoint,)).fetchall())
+    assert reason[answered] == "attempts (3) reached outbox.max_attempts (3); last error: HTTP 500"
+    assert reason[unanswered].startswith("lease expired without an outcome after 3 deliveries (did the delivery worker crash?)"), reason
+    assert receiver.requests == []
+
+
 def test_a_worker_on_tables_never_analyzed_looks_up_orphaned_messages_by_key(fast_worker, receivers):
     """A worker starting looks for messages whose deliveries were all removed while it was away.
     On tables never analyzed (a restore, a pg_upgrade), its plan read all of outbox_delivery
