@@ -3,6 +3,7 @@ grants and ends with exactly the objects, definitions and privileges of a fresh 
 upgrade script is put on disk by the ordinary install; a released script never changes."""
 
 import hashlib
+import itertools
 import pathlib
 import subprocess
 
@@ -83,6 +84,11 @@ def test_the_upgrade_script_is_generated_from_the_current_sources():
                                capture_output=True, text=True).stdout
     assert generated == (ROOT / f"sql/outbox_ext--{PREVIOUS[-1]}--{CURRENT}.sql").read_text(), \
         "run scripts/make-upgrade-script.sh after editing the SQL sources"
+
+
+def test_the_corrected_updates_are_generated_from_the_released_steps():
+    assert subprocess.run([ROOT / "scripts/make-corrected-updates.py", "--check"]).returncode == 0, \
+        "run scripts/make-corrected-updates.py"
 
 
 def test_released_scripts_never_change():
@@ -333,3 +339,96 @@ def test_a_session_that_saw_an_update_rolled_back_refuses_the_old_schema(databas
             other.execute(f"CREATE EXTENSION outbox_ext VERSION '{previous}'")
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="ALTER EXTENSION outbox_ext UPDATE"):
             session.execute("SELECT outbox_enqueue('booking.created', '{}')")
+
+
+# The types a statement of an update script may apply an operator to, besides the extension's own.
+LOOKALIKE_TYPES = ["text", "varchar", "name", "integer", "bigint", "smallint", "numeric", "double precision", "real",
+                   "interval", "timestamptz", "timestamp", "date", "oid", "regclass", "jsonb", "boolean", "uuid", '"char"',
+                   # (an enum compared with a literal: (anyenum, text) takes it as a string)
+                   "anyenum", "anyelement"]
+LOOKALIKE_OPERATORS = {"=": "boolean", "<>": "boolean", "<": "boolean", ">": "boolean", "<=": "boolean", ">=": "boolean",
+                       "||": "text", "+": None, "-": None, "*": None, "/": None, "%": None, "~~": "boolean", "->>": "text",
+                       "->": "jsonb", "@>": "boolean"}
+
+
+def lookalikes(types):
+    """SQL that plants, in public, an operator for every pair of `types` and every operator name an
+    update script may use: each notes who called it in planted_calls, then does what
+    pg_catalog's would (marked IMMUTABLE, so that an index's predicate may use it too). One that a statement of an update resolves to instead of pg_catalog's
+    (a better match for its arguments' types) runs with the updater's rights."""
+    statements = ["""CREATE TABLE public.planted_calls (called_by name, superuser text, operator text);
+                     GRANT INSERT ON public.planted_calls TO PUBLIC;
+                     CREATE FUNCTION public.planted_note(operator text) RETURNS void LANGUAGE sql AS
+                       $$ INSERT INTO public.planted_calls VALUES (current_user, current_setting('is_superuser'), operator) $$"""]
+    for number, (operator, (left, right)) in enumerate(
+            ((operator, pair) for operator in LOOKALIKE_OPERATORS for pair in itertools.product(types, types))):
+        result = LOOKALIKE_OPERATORS[operator] or left
+        if result.startswith("any"):
+            continue  # (arithmetic on an enum: nothing to look like)
+        statements.append(f"""
+            CREATE FUNCTION public.planted_{number}({left}, {right}) RETURNS {result} LANGUAGE plpgsql IMMUTABLE AS $$
+            DECLARE answer {result};
+            BEGIN
+                PERFORM public.planted_note('{operator} ({left}, {right})');  -- (volatile: it may write)
+                EXECUTE 'SELECT ($1 OPERATOR(pg_catalog.{operator}) $2)::{result}' INTO answer USING $1, $2;
+                RETURN answer;
+            END $$;
+            CREATE OPERATOR public.{operator} (LEFTARG = {left}, RIGHTARG = {right}, FUNCTION = public.planted_{number})""")
+    return ";\n".join(statements)
+
+
+# What uses a planted operator or function: the objects that depend on one (an index, a
+# constraint, a view's rule, a column's default, a function's default argument).
+PLANTED_IN_USE = """
+SELECT pg_describe_object(d.classid, d.objid, d.objsubid), pg_describe_object(d.refclassid, d.refobjid, 0)
+  FROM pg_depend d
+  LEFT JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass AND o.oid = d.refobjid
+  LEFT JOIN pg_proc p ON d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid
+ WHERE coalesce(o.oprname, p.proname) IS NOT NULL
+   AND coalesce(o.oprnamespace, p.pronamespace) <> 'pg_catalog'::regnamespace
+   AND pg_get_userbyid(coalesce(o.oprowner, p.proowner)) = 'outbox_planter'
+   AND d.deptype <> 'e'
+   AND NOT (d.classid = 'pg_operator'::regclass AND d.objid IN (SELECT oid FROM pg_operator WHERE oprowner = 'outbox_planter'::regrole))
+   AND NOT (d.classid = 'pg_proc'::regclass AND d.objid IN (SELECT oid FROM pg_proc WHERE proowner = 'outbox_planter'::regrole))
+"""
+
+
+# The releases whose paths to this one begin differently (a path from a release passes through
+# every later step of the releases after it here).
+PATH_STARTS = [v for v in PREVIOUS if v in ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.1", "0.5.2", "0.5.3", "0.5.4")] + PREVIOUS[-1:]
+
+
+@pytest.mark.parametrize("previous", PATH_STARTS)
+def test_an_update_runs_no_operator_the_database_owner_planted(database, previous):
+    """The update runs as a superuser with the extension's schema on its search_path. An
+    operator there that fits a statement's argument types better than pg_catalog's was chosen:
+    the hostile test of 0.5.32 made a database owner superuser with an `||(text, integer)` the
+    updates from 0.5.3 and older ran in a DO block. The database owner plants look-alikes of every
+    operator for every pair of types after the old version's install (as in a database in use);
+    none may run during the update."""
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS outbox_upgrade_planted WITH (FORCE)")
+        admin.execute("DROP ROLE IF EXISTS outbox_planter")
+        admin.execute("CREATE ROLE outbox_planter LOGIN")
+        admin.execute("CREATE DATABASE outbox_upgrade_planted OWNER outbox_planter")
+    try:
+        with psycopg.connect(dbname="outbox_upgrade_planted", autocommit=True) as old:
+            old.execute(f"CREATE EXTENSION outbox_ext VERSION '{previous}'")
+            old.execute(EVERY_STATE)
+            if version_key(previous) >= (0, 4, 0):
+                old.execute(KEYS_AND_DELIVERIES)
+            own_types = [row[0] for row in old.execute(
+                "SELECT typname FROM pg_type WHERE typnamespace = 'public'::regnamespace AND typname LIKE 'outbox%' AND typtype = 'e'")]
+            with psycopg.connect(dbname="outbox_upgrade_planted", user="outbox_planter", autocommit=True) as owner:
+                owner.execute(lookalikes(LOOKALIKE_TYPES + own_types))
+            old.execute("ALTER EXTENSION outbox_ext UPDATE")
+            assert old.execute("SELECT extversion FROM pg_extension WHERE extname = 'outbox_ext'").fetchone()[0] == CURRENT
+            calls = old.execute("SELECT DISTINCT called_by, superuser, operator FROM public.planted_calls").fetchall()
+            # Nor may anything of the extension (a constraint, an index, a view, a default) keep
+            # one to run later, with the rights of whoever writes.
+            kept = old.execute(PLANTED_IN_USE).fetchall()
+            assert (calls, kept) == ([], []), f"the update from {previous} ran the database owner's operators {calls} and left {kept} in use"
+    finally:
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS outbox_upgrade_planted WITH (FORCE)")
+            admin.execute("DROP ROLE IF EXISTS outbox_planter")
