@@ -16,6 +16,7 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::cmp::Ordering;
 
 mod direct_insert;
+mod payload;
 mod public_id;
 
 /// dedupe_key's limit, in characters.
@@ -95,6 +96,7 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     if args.is_null(1) {
         raise(OutboxError::null(FUNCTION, "payload").with_hint(EMPTY_PAYLOAD_HINT));
     }
+    payload::check(FUNCTION, "payload", args.datum(1).expect("not NULL"));
     let available_at = available_at(FUNCTION, &args, 2);
     for (n, argument) in [(3, "dedupe_key"), (4, "ordering_key")] {
         if let Some(key) = args.text_bytes(n) {
@@ -138,6 +140,9 @@ sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     require_one_dimension(dimensions, FUNCTION, "payloads");
     if elements.contains(&None) {
         raise(OutboxError::null_element(FUNCTION, "payloads"));
+    }
+    for element in elements.iter().flatten() {
+        payload::check(FUNCTION, "payloads", *element);
     }
     // (One reading of the clock: the batch's messages are due together, in the payloads' order.)
     let available_at = available_at(FUNCTION, &args, 2);

@@ -27,6 +27,11 @@ CASES = [
     ("outbox_enqueue_batch('bad topic', ARRAY['{}'::jsonb])", INVALID, "topic"),
     ("outbox_enqueue_batch('booking.created', NULL)", NULL_VALUE, "payloads"),
     ("outbox_enqueue_batch('booking.created', ARRAY['{}'::jsonb, NULL])", NULL_VALUE, "payloads"),
+    # A number of a few bytes that prints as 131,072 characters (0.5.32's hostile test: 131 KB
+    # of them printed as over 1 GB, which nobody could read, the worker, pg_dump and consumers).
+    ("outbox_enqueue('booking.created', '{\"n\": 1e131071}')", INVALID, "payload"),
+    ("outbox_enqueue('booking.created', '[0.1, -1e-16383]')", INVALID, "payload"),
+    ("outbox_enqueue_batch('booking.created', ARRAY['{}', '[1e1100]']::jsonb[])", INVALID, "payloads"),
     ("outbox_enqueue_batch('booking.created', ARRAY['{}'::jsonb], interval '-1 day')", INVALID, "delay"),
     ("outbox_claim(NULL)", NULL_VALUE, "batch_size"),
     ("outbox_claim(0)", INVALID, "batch_size"),
@@ -311,3 +316,18 @@ def test_a_misspelled_setting_is_refused(db, statement):
             db.execute(statement)
     assert "outbox." in str(caught.value)
     assert '"outbox" is a reserved prefix' in (caught.value.diag.message_detail or "")
+
+
+def test_a_payload_prints_within_reach_of_its_readers(db):
+    """Numbers a reader can read go in, up to about a thousand digits; a payload that prints
+    as more than 256 MB of JSON, however small it is stored, does not, and nothing of it is
+    written."""
+    huge = "1" + "0" * 990
+    row = db.execute(f"SELECT payload FROM outbox_enqueue('booking.created', '{{\"amount\": {huge}, \"tiny\": 1e-990}}')").fetchone()
+    assert row[0]["amount"] == int(huge)
+    # 280,000 numbers of 991 digits: 2.5 MB stored, about 278 MB printed.
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"outbox_enqueue: payload prints as more than 268435456 characters"):
+        db.execute("SELECT outbox_enqueue('booking.created', ('[' || repeat('1e990,', 280000) || '1]')::jsonb)")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"holds a number that prints as 131072 characters"):
+        db.execute("SELECT outbox_enqueue('booking.created', '[1e131071]')")
+    assert db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 1
