@@ -330,6 +330,20 @@ BEGIN
     ), keyed_deliveries AS (
         SELECT array_agg(k.subscription_id) AS endpoints, array_agg(k.ordering_key) AS endpoint_keys
           FROM (SELECT DISTINCT e.subscription_id, e.ordering_key FROM deliveries e WHERE e.ordering_key IS NOT NULL) k
+    ), settled AS (
+        -- Messages the worker handed to endpoints, none of them dead any more (their dead
+        -- deliveries went with an unsubscribed endpoint): every endpoint left took them. Nothing
+        -- is sent again: DONE, as the worker settles such a message (0.5.32 left it PENDING,
+        -- waiting for deliveries that never came).
+        SELECT dead.id
+          FROM dead
+         WHERE EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id = dead.id)
+           AND NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d
+                            WHERE d.message_id = dead.id AND d.status = 'DEAD'::@extschema@.outbox_status)
+    ), done AS (
+        UPDATE ONLY @extschema@.outbox o
+           SET status = 'DONE', processed_at = clock_timestamp(), waiting_for = NULL, lease_token = NULL
+         WHERE o.id = ANY (ARRAY(SELECT settled.id FROM settled))
     ), messages AS (
         UPDATE ONLY @extschema@.outbox o
            SET status = 'PENDING', attempts = 0, processed_at = NULL, lease_token = NULL,
@@ -341,6 +355,7 @@ BEGIN
                                   WHEN o.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait
                              END
          WHERE o.id = ANY (ARRAY(SELECT dead.id FROM dead))
+           AND o.id <> ALL (ARRAY(SELECT settled.id FROM settled))
         RETURNING o.id, o.ordering_key, o.waiting_for
     )
     SELECT (SELECT count(*) FROM messages),

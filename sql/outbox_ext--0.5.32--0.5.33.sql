@@ -270,6 +270,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     subscription_id bigint;
+    parked_id       bigint;
 BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_subscribe'::text, 'topic'::text, outbox_subscribe.topic::text);
     PERFORM @extschema@.outbox_check_subscription(outbox_subscribe.url::text, outbox_subscribe.secret::text, outbox_subscribe.headers::jsonb);
@@ -295,6 +296,14 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Enabling a disabled subscription: as outbox_enable_subscription does (its parked
+    -- deliveries due at once; 0.5.32 and earlier left them on their backoff), then the rest.
+    SELECT s.id INTO parked_id
+      FROM @extschema@.outbox_subscription s
+     WHERE s.topic = outbox_subscribe.topic AND s.url = outbox_subscribe.url AND NOT s.enabled;
+    IF parked_id IS NOT NULL AND outbox_subscribe.enabled THEN
+        PERFORM @extschema@.outbox_enable_subscription(parked_id);
+    END IF;
     INSERT INTO @extschema@.outbox_subscription AS s (topic, url, secret, headers, timeout, enabled, rate_limit, max_in_flight,
                                                       disabled_reason)
     VALUES (outbox_subscribe.topic, outbox_subscribe.url, outbox_subscribe.secret,
@@ -483,6 +492,10 @@ COMMENT ON FUNCTION outbox_rotate_secret(bigint, text, interval) IS
 CREATE OR REPLACE FUNCTION outbox_unsubscribe(topic text, url text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- The deliveries go with the subscription by their foreign key's cascade, which a session in
+-- session_replication_role = replica (a superuser's) skips: they stayed, orphaned, their
+-- messages waiting for them for good (stop 56's probe).
+SET session_replication_role = origin
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -877,6 +890,20 @@ BEGIN
     ), keyed_deliveries AS (
         SELECT array_agg(k.subscription_id) AS endpoints, array_agg(k.ordering_key) AS endpoint_keys
           FROM (SELECT DISTINCT e.subscription_id, e.ordering_key FROM deliveries e WHERE e.ordering_key IS NOT NULL) k
+    ), settled AS (
+        -- Messages the worker handed to endpoints, none of them dead any more (their dead
+        -- deliveries went with an unsubscribed endpoint): every endpoint left took them. Nothing
+        -- is sent again: DONE, as the worker settles such a message (0.5.32 left it PENDING,
+        -- waiting for deliveries that never came).
+        SELECT dead.id
+          FROM dead
+         WHERE EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id = dead.id)
+           AND NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d
+                            WHERE d.message_id = dead.id AND d.status = 'DEAD'::@extschema@.outbox_status)
+    ), done AS (
+        UPDATE ONLY @extschema@.outbox o
+           SET status = 'DONE', processed_at = clock_timestamp(), waiting_for = NULL, lease_token = NULL
+         WHERE o.id = ANY (ARRAY(SELECT settled.id FROM settled))
     ), messages AS (
         UPDATE ONLY @extschema@.outbox o
            SET status = 'PENDING', attempts = 0, processed_at = NULL, lease_token = NULL,
@@ -888,6 +915,7 @@ BEGIN
                                   WHEN o.ordering_key IS NOT NULL THEN 'ordering_key'::@extschema@.outbox_wait
                              END
          WHERE o.id = ANY (ARRAY(SELECT dead.id FROM dead))
+           AND o.id <> ALL (ARRAY(SELECT settled.id FROM settled))
         RETURNING o.id, o.ordering_key, o.waiting_for
     )
     SELECT (SELECT count(*) FROM messages),

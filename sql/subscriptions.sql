@@ -20,6 +20,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     subscription_id bigint;
+    parked_id       bigint;
 BEGIN
     PERFORM @extschema@.outbox_check_topic('outbox_subscribe'::text, 'topic'::text, outbox_subscribe.topic::text);
     PERFORM @extschema@.outbox_check_subscription(outbox_subscribe.url::text, outbox_subscribe.secret::text, outbox_subscribe.headers::jsonb);
@@ -45,6 +46,14 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Enabling a disabled subscription: as outbox_enable_subscription does (its parked
+    -- deliveries due at once; 0.5.32 and earlier left them on their backoff), then the rest.
+    SELECT s.id INTO parked_id
+      FROM @extschema@.outbox_subscription s
+     WHERE s.topic = outbox_subscribe.topic AND s.url = outbox_subscribe.url AND NOT s.enabled;
+    IF parked_id IS NOT NULL AND outbox_subscribe.enabled THEN
+        PERFORM @extschema@.outbox_enable_subscription(parked_id);
+    END IF;
     INSERT INTO @extschema@.outbox_subscription AS s (topic, url, secret, headers, timeout, enabled, rate_limit, max_in_flight,
                                                       disabled_reason)
     VALUES (outbox_subscribe.topic, outbox_subscribe.url, outbox_subscribe.secret,
@@ -233,6 +242,10 @@ COMMENT ON FUNCTION outbox_rotate_secret(bigint, text, interval) IS
 CREATE OR REPLACE FUNCTION outbox_unsubscribe(topic text, url text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- The deliveries go with the subscription by their foreign key's cascade, which a session in
+-- session_replication_role = replica (a superuser's) skips: they stayed, orphaned, their
+-- messages waiting for them for good (stop 56's probe).
+SET session_replication_role = origin
 AS $$
 #variable_conflict use_column
 DECLARE

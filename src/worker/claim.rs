@@ -196,11 +196,12 @@ pub fn claim_for_endpoint(
             .map(|&(id, attempts, _)| policy.exhausted_reason(attempts, (!answered.contains(&id)).then_some("delivery worker")))
             .collect();
         let arguments = [subscription_id.into_datum(), ids.into_datum(), reasons.into_datum()];
-        let messages = record::end_deliveries(spi, schema, &DEAD_LETTER, &arguments, &mut endpoints.releasing_held);
+        let messages = record::end_deliveries(spi, schema, &DEAD_LETTER, &arguments, endpoints);
         record::settle_messages(spi, schema, messages, &mut endpoints.settling_held);
     }
     let chosen = fitting(&live.iter().map(|&(id, _, bytes)| (id, bytes)).collect::<Vec<_>>(), byte_budget, nothing_in_flight);
     let left_for_room = chosen.len() < live.len();
+    let Some(state) = endpoints.by_id.get_mut(&subscription_id) else { return Vec::new() };
     if left_for_room {
         // The worker's memory for payloads is spent: the rest waits for room (and stays
         // locked only until this transaction ends); no claim until an answer frees some.

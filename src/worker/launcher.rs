@@ -96,7 +96,12 @@ pub extern "C-unwind" fn outbox_launcher_main(_argument: pg_sys::Datum) {
         // Woken early by an announcement, or by the postmaster when a worker starts or stops.
         super::sleep::wait(None, ROUND_INTERVAL);
     }
-    // Workers stop by themselves: the postmaster sends them SIGTERM too.
+    // Workers stop by themselves: the postmaster sends them SIGTERM too. Exit code 1: at a
+    // shutdown nothing is started again anyway, and after an operator's pg_terminate_backend
+    // the postmaster starts the launcher again after its restart time, where 0 unregistered it
+    // for good (no worker started or restarted until the server's restart: stop 56's probe).
+    // SAFETY: ends the process the normal way.
+    unsafe { pg_sys::proc_exit(1) };
 }
 
 fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeSet<String>) {
@@ -186,7 +191,13 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
             && !registry::is_paused(oid);
         if !wanted {
             if let Some(worker) = &database.worker {
-                registry::ask_to_leave(worker.slot);
+                if allowed(database) {
+                    registry::ask_to_leave(worker.slot);
+                } else {
+                    // Left out of outbox.worker_databases: its answers are recorded first, as
+                    // at a shutdown (leaving at once sent them again: stop 56's probe).
+                    registry::ask_to_drain(worker.slot);
+                }
             }
             continue;
         }

@@ -233,7 +233,7 @@ impl Worker {
                 self.last_step_before_leaving(schema);
                 return ExitReason::Stopped; // abandons what is in flight: redelivered later
             }
-            if shutdown_requested() && !self.draining {
+            if (shutdown_requested() || registry::must_drain(self.slot)) && !self.draining {
                 self.draining = true;
                 self.endpoints.allow_continuing(false, self.settings.max_in_flight, self.pool.in_flight());
                 // (A request a helper thread went on to a moment ago ends by its timeout.)
@@ -447,10 +447,10 @@ impl Worker {
         self.settling_again.extend(self.endpoints.settling_held.take_due(Instant::now()));
         record::settle_messages(&mut spi, schema, self.settling_again.clone(), &mut self.endpoints.settling_held);
         if self.keys_left_behind {
-            record::hand_on_keys_left_behind(&mut spi, schema, &mut self.endpoints.releasing_held);
+            record::hand_on_keys_left_behind(&mut spi, schema, &mut self.endpoints);
         }
         self.releasing_again.extend(self.endpoints.releasing_held.take_due(Instant::now()));
-        record::release_held_keys(&mut spi, schema, self.releasing_again.clone(), &mut self.endpoints.releasing_held);
+        record::release_held_keys(&mut spi, schema, self.releasing_again.clone(), &mut self.endpoints);
         let breaker_written = breaker::record(&mut spi, schema, &self.finished, &mut self.endpoints, self.settings.endpoint_disable_after);
         let mut claimed = Vec::new();
         if claiming && Instant::now() >= self.next_refresh {
@@ -479,11 +479,14 @@ impl Worker {
         self.handing_back.extend(self.endpoints.take_unsendable(false));
         let hand_backs_held = claim::hand_back(&mut spi, schema, &self.handing_back);
         if claiming {
-            let (now, claimed_at) = (crate::backend::now(), Instant::now());
             if self.messages_may_be_ready {
                 let batch = self.settings.batch_size;
+                let now = crate::backend::now();
                 self.messages_may_be_ready = claim::fan_out(&mut spi, schema, &mut self.endpoints, batch, now, !holds_keys);
             }
+            // (Read after the pick-up, which may have waited seconds for an ordering key's lock:
+            // leases and the queue's deadlines count from here, or they would have run out.)
+            let (now, claimed_at) = (crate::backend::now(), Instant::now());
             let held = self.pool.bytes_in_flight() + self.endpoints.bytes_queued() + self.bytes_handing_back();
             let mut budget = (self.settings.max_payload_bytes as i64 - held as i64).max(0);
             let (max_in_flight, batch) = (self.settings.max_in_flight, self.settings.batch_size as usize);

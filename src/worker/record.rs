@@ -120,7 +120,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
             schema,
             &DELIVERED,
             &[delivered.message_ids.into_datum(), delivered.subscription_ids.into_datum(), delivered.attempts.into_datum()],
-            &mut endpoints.releasing_held,
+            endpoints,
         );
         recorded.delivered = ended.len();
         recorded.no_longer_held += count - ended.len();
@@ -152,7 +152,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
             schema,
             &DEAD,
             &[dead.message_ids.into_datum(), dead.subscription_ids.into_datum(), dead.attempts.into_datum(), dead_errors.into_datum()],
-            &mut endpoints.releasing_held,
+            endpoints,
         );
         recorded.failed += ended.len();
         recorded.no_longer_held += count - ended.len();
@@ -174,45 +174,49 @@ pub fn end_deliveries(
     schema: pg_sys::Oid,
     statement: &'static Statement,
     arguments: &[Option<pg_sys::Datum>],
-    held: &mut HeldBack<(i64, String)>,
+    all: &mut Endpoints,
 ) -> Vec<i64> {
     let rows = spi.execute(statement, schema, arguments);
-    let (messages, endpoints_with_keys, keys) = (rows.get::<Vec<i64>>(0, 1).unwrap_or_default(), rows.datum(0, 2), rows.datum(0, 3));
-    release_keys(spi, schema, endpoints_with_keys, keys, held);
+    let messages = rows.get::<Vec<i64>>(0, 1).unwrap_or_default();
+    let (endpoints_with_keys, keys) = (rows.get::<Vec<i64>>(0, 2).unwrap_or_default(), rows.get_text_array(0, 3));
+    release_keys(spi, schema, endpoints_with_keys, keys, all);
     messages
 }
 
-/// Hands on ordering keys at endpoints (`endpoints` and `keys` pairwise, as bigint[] and text[]
-/// datums; `None` when there are none: src/ordering); those another transaction holds go to
-/// `held`.
-fn release_keys(
-    spi: &mut Spi,
-    schema: pg_sys::Oid,
-    endpoints: Option<pg_sys::Datum>,
-    keys: Option<pg_sys::Datum>,
-    held: &mut HeldBack<(i64, String)>,
-) {
-    let (_, held_now) = ordering::release_delivery_keys(spi, schema, endpoints, keys, ordering::Taking::Try);
-    held.hold(held_now, Instant::now());
+/// Hands on ordering keys at endpoints (`endpoints` and `keys` pairwise: src/ordering); those
+/// another transaction holds go to `all.releasing_held`. The endpoints are due now: a key's next
+/// delivery may be claimable there (else an idle worker sent a key's backlog at one message per
+/// outbox.poll_interval, as stop 56's probe saw).
+fn release_keys(spi: &mut Spi, schema: pg_sys::Oid, endpoints: Vec<i64>, keys: Vec<String>, all: &mut Endpoints) {
+    if endpoints.is_empty() {
+        return;
+    }
+    let (released, held_now) =
+        ordering::release_delivery_keys(spi, schema, endpoints.clone().into_datum(), keys.into_datum(), ordering::Taking::Try);
+    all.releasing_held.hold(held_now, Instant::now());
+    if released > 0 {
+        for id in endpoints {
+            if let Some(state) = all.by_id.get_mut(&id) {
+                state.due_now = true;
+            }
+        }
+    }
 }
 
 /// A new worker's first step: hands on the ordering keys its predecessor left for later at their
 /// endpoints (an operator's transaction held their next delivery, and it stopped meanwhile),
-/// those still held going to `held`.
-pub fn hand_on_keys_left_behind(spi: &mut Spi, schema: pg_sys::Oid, held: &mut HeldBack<(i64, String)>) {
+/// those still held going to `all.releasing_held`.
+pub fn hand_on_keys_left_behind(spi: &mut Spi, schema: pg_sys::Oid, all: &mut Endpoints) {
     let left = spi.execute(&KEYS_LEFT_BEHIND, schema, &[]);
-    let (endpoints, keys) = (left.datum(0, 1), left.datum(0, 2));
-    release_keys(spi, schema, endpoints, keys, held);
+    let (endpoints, keys) = (left.get::<Vec<i64>>(0, 1).unwrap_or_default(), left.get_text_array(0, 2));
+    release_keys(spi, schema, endpoints, keys, all);
 }
 
 /// Hands on `keys` (as (endpoint, key)) held back by an earlier step; those another transaction
-/// still holds go back to `held`.
-pub fn release_held_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Vec<(i64, String)>, held: &mut HeldBack<(i64, String)>) {
-    if keys.is_empty() {
-        return; // (most steps: no statement)
-    }
+/// still holds go back to `all.releasing_held`.
+pub fn release_held_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Vec<(i64, String)>, all: &mut Endpoints) {
     let (endpoints, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
-    release_keys(spi, schema, endpoints.into_datum(), keys.into_datum(), held);
+    release_keys(spi, schema, endpoints, keys, all);
 }
 
 /// The answers among `finished` whose deliveries another transaction holds (an operator's

@@ -104,6 +104,9 @@ pub struct Slot {
     pub state: WorkerState,
     /// Set by another process: leave at once, abandoning what is in flight.
     pub leave_now: bool,
+    /// Set by the launcher: leave once what is in flight has its answer, as at SIGTERM (its
+    /// database left outbox.worker_databases).
+    pub drain: bool,
     /// Set by the worker as it exits; read (and reset) by the launcher.
     pub exit_reason: ExitReason,
     /// Not a delivery worker: the launcher's short check for outbox_ext in the database, made
@@ -240,6 +243,13 @@ pub fn ask_to_leave(slot: usize) {
     set_latch(registry.slots[slot].latch);
 }
 
+/// Asks the worker in `slot` to leave once its requests in flight have their answers.
+pub fn ask_to_drain(slot: usize) {
+    let mut registry = REGISTRY.exclusive();
+    registry.slots[slot].drain = true;
+    set_latch(registry.slots[slot].latch);
+}
+
 /// Whether `database_oid`'s worker must stay away now.
 pub fn is_paused(database_oid: u32) -> bool {
     let registry = REGISTRY.share();
@@ -299,6 +309,11 @@ pub fn must_leave_now(slot: usize) -> bool {
     REGISTRY.share().slots[slot].leave_now
 }
 
+/// Whether the launcher asked the worker in `slot` to leave after its requests in flight.
+pub fn must_drain(slot: usize) -> bool {
+    REGISTRY.share().slots[slot].drain
+}
+
 // ---- wake-ups ----------------------------------------------------------------------------
 
 /// The topics this transaction enqueued whose worker it owes a wake-up at commit (none: no
@@ -319,7 +334,11 @@ unsafe extern "C-unwind" fn on_transaction_end(event: pg_sys::XactEvent::Type, _
                 wake_workers_of(crate::backend::database_id().to_u32(), topics, announce);
             }
         }
-        pg_sys::XactEvent::XACT_EVENT_ABORT
+        // A prepared transaction's wake-ups are dropped (COMMIT PREPARED, in any session, wakes
+        // nothing: the worker sees its messages at its next poll), not left for the session's
+        // next commit.
+        pg_sys::XactEvent::XACT_EVENT_PREPARE
+        | pg_sys::XactEvent::XACT_EVENT_ABORT
         | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
         | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT => {
             WAKE_FOR_TOPICS.store(0, Ordering::Relaxed);

@@ -75,6 +75,28 @@ def test_requeue_of_a_message_sent_to_several_endpoints_retries_only_the_dead_de
     assert len(healthy.requests) == 1, "the endpoint that took it does not get it again"
 
 
+def test_requeue_of_a_message_whose_dead_endpoint_was_unsubscribed_settles_it(fast_worker, receivers):
+    """A message dead at one endpoint and delivered at another: the first is unsubscribed (its
+    dead delivery goes with it), then the message is requeued. Nothing is left to send; until
+    0.5.33 the requeue counted it and left it PENDING, waiting for deliveries that never came
+    (found by a code review of 0.5.32), for good or until the worker restarted."""
+    db = fast_worker
+    healthy, failing = receivers(), receivers()
+    failing.answer_by_default(500)
+    db.execute("SELECT outbox_subscribe('invoice.voided', %s)", (healthy.url,))
+    db.execute("SELECT outbox_subscribe('invoice.voided', %s)", (failing.url,))
+    message_id, _ = enqueue(db, "invoice.voided", {"invoice": 8})
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "DEAD",
+               what="DEAD")
+    db.execute("SELECT outbox_unsubscribe('invoice.voided', %s)", (failing.url,))
+
+    assert db.execute("SELECT outbox_requeue(%s::bigint)", (message_id,)).fetchone()[0] == 0, "nothing to send again"
+    assert db.execute("SELECT status::text, waiting_for FROM outbox WHERE id = %s", (message_id,)).fetchone() == ("DONE", None)
+    assert db.execute("SELECT count(*) FROM outbox_dead_letters").fetchone()[0] == 0
+    time.sleep(0.5)
+    assert len(healthy.requests) == 1, "the endpoint that took it does not get it again"
+
+
 def test_replay_since_a_time_and_catching_a_new_endpoint_up_only_when_asked(fast_worker, receivers):
     db = fast_worker
     first = receivers()
@@ -154,6 +176,22 @@ def test_unsubscribing_an_endpoint_that_has_not_taken_a_message_lets_the_message
                what="the message without endpoints to be free again")
     assert [row[0] for row in db.execute("SELECT id FROM outbox_claim(10)")] == [second]
     assert parked.requests == []
+
+
+def test_an_unsubscribe_in_replica_mode_takes_the_deliveries_with_it(db):
+    """Its deliveries go by the foreign key's cascade, which session_replication_role = replica
+    (a superuser's session, as pg_restore --disable-triggers or a replication tool sets it)
+    skips: until 0.5.33 they stayed, their subscription gone, and their messages waited for
+    them for good (stop 56's probe)."""
+    endpoint = disabled_endpoint(db, "replica.topic")
+    db.execute("INSERT INTO outbox (topic, payload, waiting_for) VALUES ('replica.topic', '{}', 'deliveries')")
+    db.execute("INSERT INTO outbox_delivery (message_id, subscription_id) SELECT id, %s FROM outbox", (endpoint,))
+    db.execute("SET session_replication_role = replica")
+    try:
+        assert db.execute("SELECT outbox_unsubscribe('replica.topic')").fetchone()[0] == 1
+    finally:
+        db.execute("RESET session_replication_role")
+    assert db.execute("SELECT count(*) FROM outbox_delivery").fetchone()[0] == 0
 
 
 def test_unsubscribing_an_endpoint_in_the_middle_of_a_backlog_never_deadlocks_with_the_worker(fast_worker, receivers):

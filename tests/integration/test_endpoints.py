@@ -125,6 +125,26 @@ def test_disabling_by_hand_parks_and_enabling_resumes(worker, receivers):
     eventually(lambda: done(db) == 5)
 
 
+def test_subscribing_a_disabled_endpoint_again_enabled_resumes_its_parked_deliveries_at_once(worker, receivers):
+    """outbox_subscribe(..., enabled => true) of a disabled subscription enables it, as
+    outbox_enable_subscription does. Until 0.5.33 its parked deliveries kept their backoff (up
+    to an hour and more after days of failures), where outbox_enable_subscription makes them
+    due at once (found by a code review of 0.5.32)."""
+    db = worker
+    receiver = receivers()
+    subscription = db.execute("SELECT outbox_subscribe('booking.created', %s, enabled => false)", (receiver.url,)).fetchone()[0]
+    enqueue_many(db, 3)
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_delivery WHERE status = 'PENDING'").fetchone()[0] == 3,
+               what="parked deliveries")
+    # As after failures: backing off for an hour.
+    db.execute("UPDATE outbox_delivery SET available_at = now() + interval '1 hour', attempts = 5 WHERE subscription_id = %s",
+               (subscription,))
+    assert db.execute("SELECT outbox_subscribe('booking.created', %s, enabled => true)", (receiver.url,)).fetchone()[0] == subscription
+    receiver.wait_for(3, timeout=15)
+    eventually(lambda: done(db) == 3)
+    assert db.execute("SELECT disabled_reason, failing_since FROM outbox_subscription WHERE id = %s", (subscription,)).fetchone() == (None, None)
+
+
 @pytest.mark.parametrize(
     "call, sqlstate, named",
     [

@@ -62,6 +62,25 @@ def test_create_extension_is_enough_and_drop_extension_ends_the_worker(cluster, 
     assert "shop" not in cluster.worker_pids(), "it does not come back without the extension"
 
 
+def test_a_launcher_ended_by_an_operator_comes_back(cluster, receiver):
+    """pg_terminate_backend of the launcher ended it for good until 0.5.33 (it exited with code
+    0, which unregisters a background worker): no worker was started for a new database, nor
+    again for one whose worker ended, until the server restarted (stop 56's probe)."""
+    def launcher_pids():
+        with cluster.connect() as conn:
+            return [row[0] for row in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox_ext launcher'")]
+
+    first = launcher_pids()
+    assert len(first) == 1
+    with cluster.connect() as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (first[0],))
+    # (Its restart time is 5 s.)
+    eventually(lambda: launcher_pids() not in ([], first), timeout=20, what="a new launcher")
+    cluster.create_database("after_launcher")
+    eventually(lambda: "after_launcher" in cluster.worker_pids(), timeout=15, what="a worker for a new database")
+    deliver_one(cluster, "after_launcher", receiver, "order.placed")
+
+
 def test_drop_database_is_not_held_up_by_its_worker(cluster):
     cluster.create_database("temporary")
     eventually(lambda: "temporary" in cluster.worker_pids(), what="its worker")
@@ -285,6 +304,31 @@ def test_worker_databases_limits_them_and_a_missing_one_waits_quietly(cluster, r
     finally:
         cluster.configure(**{"outbox.worker_databases": "*"})
     eventually(lambda: "unlisted" in cluster.worker_pids(), timeout=10, what="every database again")
+
+
+def test_a_database_left_out_of_worker_databases_records_its_answers_before_its_worker_goes(cluster, receiver):
+    """Its worker leaves as at a shutdown: the requests in flight get their answers recorded.
+    Until 0.5.33 it left at once, and the messages whose requests had been answered were sent
+    again (stop 56's probe: 7 of 1,500)."""
+    cluster.create_database("drained")
+    eventually(lambda: "drained" in cluster.worker_pids(), what="its worker")
+    receiver.answer_by_default(200, delay=1.5)
+    with cluster.connect("drained") as conn:
+        conn.execute("SELECT outbox_subscribe('order.slow', %s)", (receiver.url,))
+        for n in range(4):
+            conn.execute("SELECT outbox_enqueue('order.slow', jsonb_build_object('n', %s::int))", (n,))
+    eventually(lambda: receiver.started >= 4, timeout=10, what="the requests in flight")
+    cluster.configure(**{"outbox.worker_databases": "postgres"})
+    try:
+        eventually(lambda: "drained" not in cluster.worker_pids(), timeout=15, what="its worker to go")
+    finally:
+        cluster.configure(**{"outbox.worker_databases": "*"})
+    receiver.answer_by_default(200)
+    with cluster.connect("drained") as conn:
+        eventually(lambda: conn.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 4,
+                   timeout=15, what="every message DONE")
+    sent = [r["headers"]["webhook-id"] for r in receiver.requests]
+    assert len(sent) == 4 and len(set(sent)) == 4, f"sent again: {sent}"
 
 
 def test_no_connection_to_a_database_that_allows_none(cluster):
