@@ -147,8 +147,8 @@ mod unit_tests {
     fn a_message_ends_dead_when_any_delivery_is() {
         assert_eq!(message_outcome(3, 0, None), ("DONE", None));
         assert_eq!(
-            message_outcome(1, 1, Some("http://b/: HTTP 503".into())),
-            ("DEAD", Some("1 of 2 deliveries dead: http://b/: HTTP 503".into()))
+            message_outcome(1, 1, Some("subscription 2 (http://b): HTTP 503".into())),
+            ("DEAD", Some("1 of 2 deliveries dead: subscription 2 (http://b): HTTP 503".into()))
         );
     }
 

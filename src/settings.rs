@@ -89,14 +89,20 @@ pub fn register_worker(preloading: bool) {
     if !preloading {
         return;
     }
-    GucRegistry::define_string_guc(
-        c"outbox.worker_databases",
-        c"Databases that get a delivery worker: '*' for every database with outbox_ext, or a comma-separated list.",
-        c"A database must also have the extension. A reload applies a change.",
-        &WORKER_DATABASES,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
+    // SAFETY: the hook is #[pg_guard]ed and only reads the value it is given.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"outbox.worker_databases",
+            c"Databases that get a delivery worker: '*' for every database with outbox_ext, or a comma-separated list.",
+            c"A database must also have the extension. A reload applies a change.",
+            &WORKER_DATABASES,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_worker_databases),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"outbox.max_workers",
         c"Delivery workers (one per database) that may run at once.",
@@ -220,6 +226,30 @@ pub fn worker_databases() -> Option<Vec<String>> {
     Some(database_names(&raw))
 }
 
+/// Refuses a list whose double quotes do not close, or close before more than spaces (`"a"b`):
+/// read as it could be, it named other databases than meant, and the workers of the others
+/// stopped without a word (stop 56's probe: `'postgres, "lat'`).
+fn check_database_names(list: &str) -> Result<(), Problem> {
+    let mut chars = list.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        loop {
+            match chars.next() {
+                None => return Err("has a double quote that does not close (write a \" in a name as \"\")".into()),
+                Some('"') if chars.next_if_eq(&'"').is_none() => break,
+                Some(_) => {}
+            }
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.next_if(|&c| c != ',').is_some() {
+            return Err("has a name in double quotes followed by more than spaces before the next comma".into());
+        }
+    }
+    Ok(())
+}
+
 /// The names in a comma-separated list, trimmed, without empties or repeats, each as written
 /// (database names keep their case). A name with a comma, or spaces at its ends, is written in
 /// double quotes, a double quote in it doubled, as in SQL: `shop, "Odd ""DB"", x"`.
@@ -287,6 +317,7 @@ macro_rules! string_check_hook {
 
 string_check_hook!(check_allowed_networks, |value| destination::parse_allowed_networks(value).map(drop));
 string_check_hook!(check_endpoint_disable_after, |value| parse_duration(value).map(drop));
+string_check_hook!(check_worker_databases, check_database_names);
 
 /// The networks `outbox.allowed_networks` opens (read by name: in a session whose library was
 /// not preloaded, the setting is only a placeholder).
@@ -399,7 +430,7 @@ pub fn retry_policy() -> RetryPolicy {
 
 #[cfg(test)]
 mod unit_tests {
-    use super::{database_names, parse_duration};
+    use super::{check_database_names, database_names, parse_duration};
     use std::time::Duration;
 
     #[test]
@@ -408,6 +439,16 @@ mod unit_tests {
         assert_eq!(database_names("Shop,shop"), ["Shop", "shop"]);
         assert_eq!(database_names(r#"shop, "Odd ""DB"", x", " padded ""#), ["shop", r#"Odd "DB", x"#, " padded "]);
         assert_eq!(database_names(""), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_list_of_databases_whose_quotes_do_not_close_is_refused() {
+        for good in ["*", "", " shop, billing ,,shop", r#"shop, "Odd ""DB"", x", " padded " "#] {
+            assert_eq!(check_database_names(good), Ok(()), "{good}");
+        }
+        for bad in [r#"postgres, "lat"#, r#""a"b, c"#, r#""a"""#] {
+            assert!(check_database_names(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

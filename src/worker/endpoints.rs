@@ -501,18 +501,23 @@ impl Endpoints {
     /// slots the worker has free.
     pub fn claims(&self, max_in_flight: usize, total_in_flight: usize, batch: usize, now: Instant) -> Vec<(i64, ClaimSize)> {
         let mut slots = self.slots(max_in_flight, total_in_flight);
+        // The free slots promised to the deliveries leased to start at once, endpoint after
+        // endpoint: two endpoints may not count the same one (a last attempt leased for it would
+        // wait behind the other's, and die unsent at a crash meanwhile).
+        let mut unpromised = max_in_flight.saturating_sub(total_in_flight);
         let mut claims = Vec::new();
         for state in self.in_turn(|e| e.wants_to_send()).into_iter().map(|id| &self.by_id[&id]) {
             if state.waits_to_lease_a_last_attempt(&slots, now) {
                 continue;
             }
             let mut size = state.claim_size(slots.share, batch, now);
-            size.at_once = state.starting_at_once(&slots, now);
+            size.at_once = state.starting_at_once(&slots, now).min(unpromised);
             if !state.leases_ahead() {
                 size.count = size.count.min(slots.free_for(state));
                 slots.take(state.in_flight, size.count);
             }
             if size.count > 0 {
+                unpromised -= size.at_once;
                 claims.push((state.id, size));
             }
         }
@@ -916,6 +921,18 @@ mod unit_tests {
             }
         }
         assert!((495..=505).contains(&sent), "{sent} in 10 s");
+    }
+
+    #[test]
+    fn two_endpoints_are_not_promised_the_same_free_slot_for_a_last_attempt() {
+        let now = Instant::now();
+        // 3 of 4 slots in flight, one each: endpoints 1 and 2 have work due, and room for one.
+        let all = endpoints(&[(1, 1, true), (2, 1, true), (3, 1, false)]);
+        let claims = all.claims(4, 3, 100, now);
+        assert_eq!(claims.len(), 2);
+        assert_eq!(claims.iter().map(|claim| claim.1.at_once).sum::<usize>(), 1, "{claims:?}");
+        // A slot more: one each.
+        assert!(all.claims(5, 3, 100, now).iter().all(|claim| claim.1.at_once == 1));
     }
 
     #[test]

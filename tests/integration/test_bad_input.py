@@ -318,6 +318,15 @@ def test_a_misspelled_setting_is_refused(db, statement):
     assert '"outbox" is a reserved prefix' in (caught.value.diag.message_detail or "")
 
 
+@pytest.mark.parametrize("databases", ['postgres, "lat', '"shop"x, billing'])
+def test_a_list_of_worker_databases_whose_quotes_do_not_close_is_refused(db, databases):
+    """Read as it could be, `'postgres, "lat'` named postgres and lat, and the workers of every
+    other database stopped without a word (stop 56's probe)."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="outbox.worker_databases") as caught:
+        db.execute(f"ALTER SYSTEM SET outbox.worker_databases = '{databases}'")
+    assert "double quote" in (caught.value.diag.message_detail or "")
+
+
 def test_a_payload_prints_within_reach_of_its_readers(db):
     """Numbers a reader can read go in, up to about a thousand digits; a payload that prints
     as more than 256 MB of JSON, however small it is stored, does not, and nothing of it is
