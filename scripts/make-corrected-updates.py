@@ -4,7 +4,7 @@
 An update runs as a superuser with the extension's schema on its search_path. Released update
 scripts up to 0.5.4 apply bare operators outside any function (DO blocks, index predicates,
 constraints), so an operator a database owner planted in that schema that fits the arguments
-better than pg_catalog's ran with the updater's rights (the hostile test of 0.5.32: `||(text,
+better than pg_catalog's ran with the updater's rights (the security probe of 0.5.32: `||(text,
 integer)` made the owner superuser). Released scripts never change, so each release before
 0.5.4 gets one script of its own straight to 0.5.5: its released steps to 0.5.5, in the order
 PostgreSQL ran them, with every such operator qualified (OPERATOR(pg_catalog.…)). PostgreSQL

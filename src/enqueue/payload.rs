@@ -1,7 +1,7 @@
 //! What a payload may be: JSON whose text stays within reach of everyone who reads it.
 //!
 //! jsonb keeps a number as its digits and an exponent, and prints it whole: `1e131071` takes
-//! a few bytes and prints as 131,072 characters. The hostile test of 0.5.32 enqueued 131 KB
+//! a few bytes and prints as 131,072 characters. The security probe of 0.5.32 enqueued 131 KB
 //! of such numbers, which print as over 1 GB: PostgreSQL cannot make that text, so the worker's
 //! every step failed on it (no message of the database was delivered), every `outbox_claim`
 //! of its topic failed, and so did `pg_dump`; one of 48 KB cost the worker 1.5 GB. A message

@@ -402,7 +402,7 @@ PATH_STARTS = [v for v in PREVIOUS if v in ("0.1.0", "0.2.0", "0.3.0", "0.4.0", 
 def test_an_update_runs_no_operator_the_database_owner_planted(database, previous):
     """The update runs as a superuser with the extension's schema on its search_path. An
     operator there that fits a statement's argument types better than pg_catalog's was chosen:
-    the hostile test of 0.5.32 made a database owner superuser with an `||(text, integer)` the
+    the security probe of 0.5.32 made a database owner superuser with an `||(text, integer)` the
     updates from 0.5.3 and older ran in a DO block. The database owner plants look-alikes of every
     operator for every pair of types after the old version's install (as in a database in use);
     none may run during the update."""
