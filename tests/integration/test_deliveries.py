@@ -184,8 +184,9 @@ def test_an_unsubscribe_in_replica_mode_takes_the_deliveries_with_it(db):
     skips: until 0.5.33 they stayed, their subscription gone, and their messages waited for
     them for good (stop 56's probe)."""
     endpoint = disabled_endpoint(db, "replica.topic")
-    db.execute("INSERT INTO outbox (topic, payload, waiting_for) VALUES ('replica.topic', '{}', 'deliveries')")
-    db.execute("INSERT INTO outbox_delivery (message_id, subscription_id) SELECT id, %s FROM outbox", (endpoint,))
+    with db.transaction():  # (else the worker may find the message without its delivery and make it)
+        db.execute("INSERT INTO outbox (topic, payload, waiting_for) VALUES ('replica.topic', '{}', 'deliveries')")
+        db.execute("INSERT INTO outbox_delivery (message_id, subscription_id) SELECT id, %s FROM outbox", (endpoint,))
     db.execute("SET session_replication_role = replica")
     try:
         assert db.execute("SELECT outbox_unsubscribe('replica.topic')").fetchone()[0] == 1
@@ -558,21 +559,23 @@ def test_a_delivery_dead_lettered_after_the_limit_was_lowered_says_so(fast_worke
     receiver = receivers()
     endpoint = db.execute("SELECT outbox_subscribe('lowered.topic', %s)", (receiver.url,)).fetchone()[0]
     db.execute("SELECT outbox_disable_subscription(%s)", (endpoint,))
-    answered, unanswered = (
-        db.execute("INSERT INTO outbox (topic, payload, waiting_for) VALUES ('lowered.topic', '{}', 'deliveries') RETURNING id").fetchone()[0]
-        for _ in range(2)
-    )
-    # Both out of attempts (outbox.max_attempts = 3): the first answered 500 three times...
-    db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, attempts, last_error)
-                  VALUES (%s, %s, 3, 'HTTP 500'), (%s, %s, 3, 'HTTP 500')""", (answered, endpoint, unanswered, endpoint))
-    db.execute("""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
-                  SELECT %s, %s, attempt, now() - (4 - attempt) * interval '1 minute', '10ms', 500 FROM generate_series(1, 3) attempt""", (answered, endpoint))
-    # ...the second answered twice, and its third request got no outcome (its earlier round, before
-    # a redelivery started its attempts again, had a third one answered).
-    db.execute("""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
-                  SELECT %s, %s, attempt, now() - (4 - attempt) * interval '1 minute' - round * interval '1 hour', '10ms', 500
-                    FROM generate_series(1, 3) attempt, generate_series(0, 1) round
-                   WHERE round = 1 OR attempt < 3""", (unanswered, endpoint))
+    # (In one transaction: else the worker may find a message without its delivery and make it.)
+    with db.transaction():
+        answered, unanswered = (
+            db.execute("INSERT INTO outbox (topic, payload, waiting_for) VALUES ('lowered.topic', '{}', 'deliveries') RETURNING id").fetchone()[0]
+            for _ in range(2)
+        )
+        # Both out of attempts (outbox.max_attempts = 3): the first answered 500 three times...
+        db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, attempts, last_error)
+                      VALUES (%s, %s, 3, 'HTTP 500'), (%s, %s, 3, 'HTTP 500')""", (answered, endpoint, unanswered, endpoint))
+        db.execute("""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
+                      SELECT %s, %s, attempt, now() - (4 - attempt) * interval '1 minute', '10ms', 500 FROM generate_series(1, 3) attempt""", (answered, endpoint))
+        # ...the second answered twice, and its third request got no outcome (its earlier round, before
+        # a redelivery started its attempts again, had a third one answered).
+        db.execute("""INSERT INTO outbox_delivery_attempt (message_id, subscription_id, attempt, started_at, duration, http_status)
+                      SELECT %s, %s, attempt, now() - (4 - attempt) * interval '1 minute' - round * interval '1 hour', '10ms', 500
+                        FROM generate_series(1, 3) attempt, generate_series(0, 1) round
+                       WHERE round = 1 OR attempt < 3""", (unanswered, endpoint))
     db.execute("SELECT outbox_enable_subscription(%s)", (endpoint,))
     eventually(lambda: db.execute("SELECT count(*) FROM outbox_delivery WHERE subscription_id = %s AND status = 'DEAD'", (endpoint,)).fetchone()[0] == 2,
                what="both dead-lettered")
