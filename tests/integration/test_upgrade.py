@@ -354,8 +354,9 @@ LOOKALIKE_OPERATORS = {"=": "boolean", "<>": "boolean", "<": "boolean", ">": "bo
 def lookalikes(types):
     """SQL that plants, in public, an operator for every pair of `types` and every operator name an
     update script may use: each notes who called it in planted_calls, then does what
-    pg_catalog's would (marked IMMUTABLE, so that an index's predicate may use it too). One that a statement of an update resolves to instead of pg_catalog's
-    (a better match for its arguments' types) runs with the updater's rights."""
+    pg_catalog's would (marked IMMUTABLE, so that an index's predicate may use it too). One that
+    a statement of an update resolves to instead of pg_catalog's (a better match for its
+    arguments' types) runs with the updater's rights."""
     statements = ["""CREATE TABLE public.planted_calls (called_by name, superuser text, operator text);
                      GRANT INSERT ON public.planted_calls TO PUBLIC;
                      CREATE FUNCTION public.planted_note(operator text) RETURNS void LANGUAGE sql AS
