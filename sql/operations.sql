@@ -98,6 +98,12 @@ BEGIN
          WHERE o.status = 'DONE'::@extschema@.outbox_status AND o.processed_at > clock_now - interval '1 minute'
            AND o.dedupe_key IS NOT NULL
          GROUP BY o.topic
+        UNION ALL
+        -- (The topic of a disabled endpoint has its row, message or none: the alert on
+        -- disabled endpoints reads the topic's row.)
+        SELECT s.topic, NULL, NULL, NULL, NULL, NULL, 0, 0
+          FROM @extschema@.outbox_subscription s
+         WHERE NOT s.enabled
     ), per_topic AS (
         -- (Only a PENDING message's row has a created_at.)
         SELECT l.topic::text AS topic,
@@ -125,12 +131,20 @@ BEGIN
           FROM per_topic t
     ), blocked AS (
         -- (Apart from messages, over the waiting messages only: a DISTINCT aggregate there
-        -- would make the plan sort every pending row instead of hashing them.)
-        SELECT w.topic::text AS topic, GROUPING(w.topic) AS total,
+        -- would make the plan sort every pending row instead of hashing them.) A key is held
+        -- back on the messages (SQL consumers) or, for the topics the worker delivers, at an
+        -- endpoint, on the deliveries; the age is that of the message waiting.
+        SELECT w.topic, GROUPING(w.topic) AS total,
                count(DISTINCT w.ordering_key) AS keys,
                clock_now - min(w.created_at) AS oldest_age
-          FROM ONLY @extschema@.outbox w
-         WHERE w.status = 'PENDING'::@extschema@.outbox_status AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait
+          FROM (SELECT m.topic::text AS topic, m.ordering_key, m.created_at
+                  FROM ONLY @extschema@.outbox m
+                 WHERE m.status = 'PENDING'::@extschema@.outbox_status AND m.waiting_for = 'ordering_key'::@extschema@.outbox_wait
+                UNION ALL
+                SELECT m.topic::text, q.ordering_key, m.created_at
+                  FROM ONLY @extschema@.outbox_delivery q
+                  JOIN ONLY @extschema@.outbox m ON m.id = q.message_id
+                 WHERE q.status = 'PENDING'::@extschema@.outbox_status AND q.waiting_for = 'ordering_key'::@extschema@.outbox_wait) w
          GROUP BY GROUPING SETS ((w.topic), ())
     ), parked AS (
         SELECT s.topic::text AS topic, GROUPING(s.topic) AS total,
@@ -254,12 +268,7 @@ AS $$
            (SELECT count(*) FROM ONLY @extschema@.outbox_delivery d
              WHERE d.subscription_id = s.id AND d.status = 'DEAD'::@extschema@.outbox_status),
            p.oldest_pending_age,
-           (SELECT count(*) FROM @extschema@.outbox_delivery_attempt a
-             WHERE a.subscription_id = s.id AND a.http_status BETWEEN 200 AND 299
-               -- now() is stable, so the planner knows the bound and seeks the index on
-               -- started_at (with the clock alone it scanned the whole log, per endpoint).
-               AND a.started_at > now() - interval '1 minute'
-               AND a.started_at > clock_timestamp() - interval '1 minute'),
+           COALESCE(delivered.n, 0),
            s.failing_since,
            -- The worker's reason quotes the start of the endpoint's answer, which often repeats
            -- the request (its URL, its headers): for monitoring, the status alone.
@@ -281,6 +290,21 @@ AS $$
                      WHERE w.subscription_id = s.id AND w.status = 'PENDING'::@extschema@.outbox_status
                        AND w.waiting_for = 'ordering_key'::@extschema@.outbox_wait) d
               JOIN ONLY @extschema@.outbox m ON m.id = d.message_id) p ON true
+      -- The last minute's requests answered with 2xx, counted once for every endpoint: the
+      -- BRIN index on started_at cannot pass over the pages autovacuum has not summarized yet
+      -- (up to a fifth of the day's table), which a count per endpoint read again for each.
+      -- Only the tables of this minute's and a minute ago's days (the partition key's
+      -- expression, with now() stable: pruned when the statement starts); now() also gives the
+      -- planner the bound that seeks the index (with the clock alone it read the whole table).
+      LEFT JOIN (SELECT a.subscription_id, count(*) AS n
+                   FROM @extschema@.outbox_delivery_attempt a
+                  WHERE a.http_status BETWEEN 200 AND 299
+                    AND @extschema@.outbox_attempt_log_slot(a.started_at) = ANY (ARRAY[
+                            @extschema@.outbox_attempt_log_slot(now()),
+                            @extschema@.outbox_attempt_log_slot(now() - interval '1 minute')])
+                    AND a.started_at > now() - interval '1 minute'
+                    AND a.started_at > clock_timestamp() - interval '1 minute'
+                  GROUP BY a.subscription_id) delivered ON delivered.subscription_id = s.id
      ORDER BY s.id
 $$;
 

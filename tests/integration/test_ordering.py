@@ -299,6 +299,32 @@ def test_stats_show_keys_held_back_and_how_long(db):
     assert view == (2,)
 
 
+def test_stats_show_keys_held_back_at_an_endpoint(db):
+    """For the topics the worker delivers a key is held back per endpoint, on the deliveries
+    (its head delivery failing and backing off, say). Until 0.5.34 blocked_keys and
+    oldest_blocked_age counted the messages only: a key held back at an endpoint showed 0 and
+    NULL, and the alert on them could not fire for a webhook topic (found by stop 57's probe of
+    the monitoring)."""
+    endpoint = disabled_endpoint(db, "webhook.sent")  # (left alone by the worker)
+    # Messages 1 to 3 of booking:1 (the second an hour old), 4 of booking:2: each a head alone.
+    # (With their deliveries in one transaction: the worker gives a message waiting for
+    # deliveries that has none its deliveries itself.)
+    with db.transaction():
+        db.execute("""INSERT INTO outbox (topic, payload, ordering_key, waiting_for, created_at)
+                      SELECT 'webhook.sent', jsonb_build_object('n', n), k, 'deliveries',
+                             now() - CASE WHEN n = 2 THEN interval '1 hour' ELSE interval '0' END
+                        FROM unnest(ARRAY[1, 2, 3, 4], ARRAY['booking:1', 'booking:1', 'booking:1', 'booking:2']) AS m(n, k)
+                       ORDER BY n""")
+        db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, ordering_key, waiting_for, attempts, available_at)
+                      SELECT o.id, %s, o.ordering_key,
+                             CASE WHEN o.payload->>'n' IN ('2', '3') THEN 'ordering_key'::outbox_wait END,
+                             1, clock_timestamp() + interval '1 hour'
+                        FROM outbox o""", (endpoint,))
+    rows = {row[0]: row[1:] for row in db.execute("SELECT topic, blocked_keys, oldest_blocked_age FROM outbox_stats()")}
+    assert rows["webhook.sent"][0] == 1 and rows[None][0] == 1, rows
+    assert rows["webhook.sent"][1].total_seconds() > 3500 and rows[None][1].total_seconds() > 3500, rows
+
+
 def test_four_consumers_keep_every_key_in_order_through_failures(db):
     """4 consumers, 50 keys × 40 messages, 20% of handlings failing with a short retry_in. From
     the consumers' logs: per key, completions in enqueue order and never two messages of a key
