@@ -10,6 +10,7 @@
 //! disconnects SPI itself.
 
 use crate::error::{raise, OutboxError};
+use crate::text::ServerText;
 use pgrx::datum::FromDatum;
 use pgrx::pg_sys;
 use std::cell::RefCell;
@@ -391,6 +392,22 @@ impl Rows<'_> {
         let Some(datum) = self.datum(row, column) else { return Vec::new() };
         // SAFETY: the column is text[].
         unsafe { crate::array::text_elements(datum) }.0.into_iter().flatten().collect()
+    }
+
+    /// A text column's bytes as the database holds them ([`ServerText`]: an ordering key).
+    pub fn get_server_text(&self, row: usize, column: i32) -> Option<ServerText> {
+        // SAFETY: the column is text.
+        self.datum(row, column).map(|datum| unsafe { ServerText::from_datum(datum) })
+    }
+
+    /// A text[] column's elements (without NULLs) as the database holds them.
+    pub fn get_server_text_array(&self, row: usize, column: i32) -> Vec<ServerText> {
+        let Some(datum) = self.datum(row, column) else { return Vec::new() };
+        // SAFETY: the column is text[], whose elements are text values.
+        unsafe {
+            let (elements, _) = crate::array::varlena_elements(datum, pg_sys::TEXTOID);
+            elements.into_iter().flatten().map(|element| ServerText::from_datum(element)).collect()
+        }
     }
 
     /// A column copied into the memory context that was current before SPI_connect, so it

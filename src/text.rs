@@ -4,9 +4,11 @@
 //!
 //! - Reading: text in a UTF-8 database is used as it is; in SQL_ASCII, where PostgreSQL does not
 //!   know what the bytes mean, bytes that are not UTF-8 become U+FFFD; in any other encoding
-//!   PostgreSQL converts it to UTF-8.
+//!   PostgreSQL converts it to UTF-8, a character with no UTF-8 equivalent becoming U+FFFD.
 //! - Writing messages for the server: in a database that is not UTF-8, characters outside
 //!   ASCII are escaped (`\u{e9}`), so a message never holds bytes its encoding cannot show.
+//! - What the worker reads only to hand back to SQL (an ordering key) is not converted at all:
+//!   [`ServerText`] keeps the database's bytes.
 
 use pgrx::pg_sys;
 use std::borrow::Cow;
@@ -34,10 +36,14 @@ pub fn from_server(bytes: &[u8]) -> String {
     match database_encoding() {
         Encoding::Utf8 | Encoding::SqlAscii => String::from_utf8_lossy(bytes).into_owned(),
         Encoding::Other if bytes.is_ascii() => String::from_utf8_lossy(bytes).into_owned(),
+        // SAFETY: `bytes` is valid for its length; a transaction is open (catalog lookups).
+        Encoding::Other if unsafe { pg_sys::IsTransactionState() } => unsafe { to_utf8_replacing(bytes) },
         Encoding::Other => {
+            // (Outside a transaction, where PostgreSQL cannot look a conversion up: it returns
+            // the bytes as they are.)
             // SAFETY: `bytes` is valid for its length; pg_server_to_any returns either its
             // argument (no conversion needed: then only `bytes.len()` bytes are ours to read)
-            // or a NUL-terminated palloc'd copy. A character it cannot convert raises an ERROR.
+            // or a NUL-terminated palloc'd copy.
             unsafe {
                 let length = i32::try_from(bytes.len()).unwrap_or(i32::MAX);
                 let converted = pg_sys::pg_server_to_any(bytes.as_ptr().cast(), length, pg_sys::pg_enc::PG_UTF8 as i32);
@@ -49,6 +55,68 @@ pub fn from_server(bytes: &[u8]) -> String {
             }
         }
     }
+}
+
+/// Server bytes (not ASCII, in an encoding other than UTF-8 and SQL_ASCII) as UTF-8, a character
+/// with no UTF-8 equivalent (WIN1252's 0x81, EUC_JP's user-defined ones: PostgreSQL stores them)
+/// becoming U+FFFD. Converted as PostgreSQL converts, without its ERROR for such a character: a
+/// body that raised it failed the worker's step, every time (stop 57's probe of encodings). In
+/// pieces of at most a MiB, cut between characters, so that the buffer (4 bytes for each byte
+/// converted, PostgreSQL's bound) stays small.
+///
+/// # Safety
+/// A transaction is open.
+unsafe fn to_utf8_replacing(bytes: &[u8]) -> String {
+    const PIECE: usize = 1 << 20;
+    const MAX_CONVERSION_GROWTH: usize = 4;
+    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
+    // SAFETY: as the caller promises: the lookup reads pg_conversion.
+    let (server, conversion) = unsafe {
+        let server = pg_sys::GetDatabaseEncoding();
+        (server, pg_sys::FindDefaultConversionProc(server, utf8))
+    };
+    if conversion == pg_sys::InvalidOid {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    let mut utf8_text = String::with_capacity(bytes.len() + bytes.len() / 2);
+    let mut buffer = vec![0u8; bytes.len().min(PIECE) * MAX_CONVERSION_GROWTH + 1];
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let piece = if rest.len() <= PIECE {
+            rest.len()
+        } else {
+            // SAFETY: `rest` is valid for its length, a text value's bytes (no NUL).
+            (unsafe { pg_sys::pg_mbcliplen(rest.as_ptr().cast(), rest.len() as i32, PIECE as i32) }.max(1)) as usize
+        };
+        buffer[0] = 0; // (what a conversion that converts nothing leaves)
+                       // SAFETY: the conversion reads `piece` bytes of `rest`, writes at most
+                       // MAX_CONVERSION_GROWTH times as many and a NUL into `buffer`, and with noError returns
+                       // how many bytes it converted (up to the first it cannot).
+        let converted = unsafe {
+            pg_sys::pg_do_encoding_conversion_buf(
+                conversion,
+                server,
+                utf8,
+                rest.as_ptr().cast_mut(),
+                piece as i32,
+                buffer.as_mut_ptr(),
+                buffer.len() as i32,
+                true,
+            )
+        };
+        let converted = (converted.max(0) as usize).min(piece);
+        let written = CStr::from_bytes_until_nul(&buffer).map_or(&[][..], CStr::to_bytes);
+        utf8_text.push_str(&String::from_utf8_lossy(written));
+        rest = &rest[converted..];
+        if converted < piece {
+            // The character there has no UTF-8 equivalent.
+            utf8_text.push('\u{FFFD}');
+            // SAFETY: `rest` is not empty; pg_mblen reads its first character's leading bytes.
+            let length = unsafe { pg_sys::pg_mblen(rest.as_ptr().cast()) }.max(1) as usize;
+            rest = &rest[length.min(rest.len())..];
+        }
+    }
+    utf8_text
 }
 
 /// A text datum holding `text` (UTF-8), in the database's encoding. Characters the encoding
@@ -80,6 +148,45 @@ pub fn for_server_message(message: &str) -> Cow<'_, str> {
         Cow::Borrowed(message)
     } else {
         Cow::Owned(escape_non_ascii(message))
+    }
+}
+
+/// A text value kept as the database's bytes: an ordering key, which the worker reads from one
+/// statement and passes to the next. Read as UTF-8 and written back, a key in a database that
+/// is not UTF-8 became another key (LATIN1: `ü` read back as `Ã¼`), one the encoding refuses
+/// (EUC_JP: every step of the database failed), or lost its bytes (SQL_ASCII: U+FFFD); its next
+/// message then waited for ever (stop 57's probe of encodings).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServerText(Vec<u8>);
+
+impl ServerText {
+    /// A text datum's bytes, copied.
+    ///
+    /// # Safety
+    /// `datum` is a text value (a varlena, possibly toasted or short).
+    pub unsafe fn from_datum(datum: pg_sys::Datum) -> ServerText {
+        use pgrx::datum::FromDatum;
+        // SAFETY: as the caller promises; pgrx reads a text's bytes as it reads a bytea's (both
+        // are varlenas), detoasting as needed.
+        let bytes = unsafe { <&[u8]>::from_polymorphic_datum(datum, false, pg_sys::TEXTOID) };
+        ServerText(bytes.unwrap_or_default().to_vec())
+    }
+
+    #[cfg(test)]
+    pub fn from_bytes(bytes: &[u8]) -> ServerText {
+        ServerText(bytes.to_vec())
+    }
+}
+
+impl pgrx::datum::IntoDatum for ServerText {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        let length = i32::try_from(self.0.len()).expect("a text value is under 1 GB");
+        // SAFETY: cstring_to_text_with_len copies `length` bytes into a palloc'd text value.
+        Some(pg_sys::Datum::from(unsafe { pg_sys::cstring_to_text_with_len(self.0.as_ptr().cast(), length) }))
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TEXTOID
     }
 }
 

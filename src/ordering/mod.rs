@@ -24,6 +24,7 @@ pub use key_locks::key_lock_space;
 use crate::error::{raise, OutboxError};
 use crate::fmgr::sql_function;
 use crate::spi::{schema_of_function, Spi, Statement};
+use crate::text::ServerText;
 use pgrx::datum::IntoDatum;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 
@@ -69,8 +70,8 @@ fn lock_space(schema: pg_sys::Oid, table: &std::ffi::CStr) -> i32 {
 
 /// Takes the lock of ordering key `key` exclusively until the transaction ends, waiting for the
 /// producers holding it (key_locks.rs): the worker's pick-up, for a key they keep holding.
-pub fn lock_key(spi: &mut Spi, schema: pg_sys::Oid, key: &str) {
-    key_locks::lock_keys(spi, schema, vec![key.to_string()].into_datum());
+pub fn lock_key(spi: &mut Spi, schema: pg_sys::Oid, key: &ServerText) {
+    key_locks::lock_keys(spi, schema, vec![key.clone()].into_datum());
 }
 
 /// After messages with the keys `keys` (a text[] datum; `None` when none had a key) ended or went
@@ -129,7 +130,7 @@ pub fn release_delivery_keys(
     endpoints: Option<pg_sys::Datum>,
     keys: Option<pg_sys::Datum>,
     taking: Taking,
-) -> (i32, Vec<(i64, String)>) {
+) -> (i32, Vec<(i64, ServerText)>) {
     if endpoints.is_none() || keys.is_none() {
         return (0, Vec::new());
     }
@@ -146,7 +147,7 @@ pub fn release_delivery_keys(
             let tried = spi.execute(&TRY_ENDPOINTS_KEYS, schema, &[endpoints, keys, space]);
             let (mut got, mut held) = (Vec::new(), Vec::new());
             for row in 0..tried.len() {
-                let pair: (i64, String) = (tried.get(row, 1).expect("endpoint"), tried.get_text(row, 2).expect("key"));
+                let pair: (i64, ServerText) = (tried.get(row, 1).expect("endpoint"), tried.get_server_text(row, 2).expect("key"));
                 if tried.get::<bool>(row, 3).unwrap_or(false) {
                     got.push(pair)
                 } else {
@@ -156,13 +157,13 @@ pub fn release_delivery_keys(
             if got.is_empty() {
                 return (0, held);
             }
-            let (endpoints, keys): (Vec<i64>, Vec<String>) = got.into_iter().unzip();
+            let (endpoints, keys): (Vec<i64>, Vec<ServerText>) = got.into_iter().unzip();
             (endpoints.into_datum(), keys.into_datum(), held)
         }
     };
     let rows = spi.execute_seeing_latest_commits(&RELEASE_DELIVERIES, schema, &[endpoints, keys]);
     let held_endpoints = rows.get::<Vec<i64>>(0, 2).unwrap_or_default();
-    held.extend(held_endpoints.into_iter().zip(rows.get_text_array(0, 3)));
+    held.extend(held_endpoints.into_iter().zip(rows.get_server_text_array(0, 3)));
     (rows.get::<i32>(0, 1).unwrap_or(0), held)
 }
 
@@ -188,7 +189,7 @@ sql_function!(outbox_release_delivery_keys_c, pg_finfo_outbox_release_delivery_k
     let mut spi = Spi::connect();
     let (mut released, mut held) = release_delivery_keys(&mut spi, schema, args.datum(0), args.datum(1), Taking::Wait);
     while !held.is_empty() {
-        let (endpoints, keys): (Vec<i64>, Vec<String>) = held.into_iter().unzip();
+        let (endpoints, keys): (Vec<i64>, Vec<ServerText>) = held.into_iter().unzip();
         let (endpoints, keys) = (endpoints.into_datum(), keys.into_datum());
         spi.execute_seeing_latest_commits(&LOCK_QUEUED_DELIVERIES, schema, &[endpoints, keys]);
         let (more, still_held) = release_delivery_keys(&mut spi, schema, endpoints, keys, Taking::Wait);

@@ -104,6 +104,23 @@ pub fn generate_secret() -> String {
     format!("whsec_{}", BASE64.encode(key))
 }
 
+/// How the server log names an endpoint: its URL's scheme, host and port, nothing after, as
+/// messages_to_settle.sql names it in a dead message's last_error. A URL's path or query often
+/// carries a credential, and a server log is read (and shipped) more widely than the
+/// subscriptions are. (outbox_subscribe refuses credentials before the host; a URL written into
+/// the table by hand loses them here too.)
+pub fn origin(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else { return String::new() };
+    let scheme = &url[..scheme_end];
+    if scheme.is_empty() || scheme.contains(['/', '?', '#']) {
+        return String::new();
+    }
+    let rest = &url[scheme_end + 3..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    format!("{scheme}://{host}")
+}
+
 /// What an HTTP answer means for the message: 2xx delivered; anything else failed, with the
 /// endpoint's `Retry-After` (seconds or an HTTP date) honoured when it gives one.
 pub fn classify_status(status: u16, retry_after: Option<&str>, body_start: &str, now: SystemTime) -> Outcome {
@@ -253,6 +270,16 @@ pub fn send(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Answ
 #[cfg(test)]
 mod unit_tests {
     use super::*;
+
+    #[test]
+    fn an_endpoint_is_named_by_its_origin_without_path_or_query() {
+        assert_eq!(origin("https://hooks.example.com/in/abc?token=secret"), "https://hooks.example.com");
+        assert_eq!(origin("http://u:pw@[::1]:8080?token=secret"), "http://[::1]:8080");
+        assert_eq!(origin("http://127.0.0.1:9#frag"), "http://127.0.0.1:9");
+        assert_eq!(origin("http://example.com"), "http://example.com");
+        assert_eq!(origin("not a url/with?token=x://y"), "");
+        assert_eq!(origin("://host/path"), "");
+    }
 
     #[test]
     fn signs_like_the_standard_webhooks_reference() {

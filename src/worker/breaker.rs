@@ -195,10 +195,11 @@ pub fn record(
     let rows = spi.execute(&DISABLE, schema, &[ids.into_datum(), errors.into_datum(), interval::from_duration(disable_after).into_datum()]);
     for row in 0..rows.len() {
         let id: i64 = rows.get(row, 1).expect("id");
-        let (topic, url) = (rows.get_text(row, 2).unwrap_or_default(), rows.get_text(row, 3).unwrap_or_default());
+        let topic = rows.get_text(row, 2).unwrap_or_default();
+        let origin = crate::webhook::origin(&rows.get_text(row, 3).unwrap_or_default());
         let reason = rows.get_text(row, 4).unwrap_or_default();
         let warning = format!(
-            "outbox_ext: subscription {id} of \"{topic}\" to {url} disabled: {reason}; its deliveries are parked until SELECT outbox_enable_subscription({id})"
+            "outbox_ext: subscription {id} of \"{topic}\" to {origin} disabled: {reason}; its deliveries are parked until SELECT outbox_enable_subscription({id})"
         );
         written.disabled.push((id, warning));
         written.disable.push(id);

@@ -8,6 +8,7 @@ use super::endpoints::{self, ClaimSize, Endpoints, Queued};
 use super::record;
 use crate::policy::RetryPolicy;
 use crate::spi::{Spi, Statement};
+use crate::text::ServerText;
 use crate::webhook::Message;
 use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
@@ -84,8 +85,8 @@ pub fn fan_out(
     endpoints.fan_out_head.found(&topics, start_from, now, rows.get(0, 2), started);
     let locked: i64 = rows.get(0, 1).unwrap_or(0);
     let picked: Vec<i64> = rows.get(0, 3).unwrap_or_default();
-    let keys_left_alone: Vec<(String, i64)> =
-        rows.get_text_array(0, 4).into_iter().zip(rows.get::<Vec<i64>>(0, 5).unwrap_or_default()).collect();
+    let keys_left_alone: Vec<(ServerText, i64)> =
+        rows.get_server_text_array(0, 4).into_iter().zip(rows.get::<Vec<i64>>(0, 5).unwrap_or_default()).collect();
     if !keys_left_alone.is_empty() {
         endpoints.held_back_topics.hold_keyed(started); // their producers wake the worker too
     }

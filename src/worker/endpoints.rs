@@ -28,6 +28,7 @@ use super::claim::Claimed;
 pub use super::queue::{EndpointQueue, Queued};
 use crate::claim::head::QueueHead;
 use crate::spi::{Spi, Statement};
+use crate::text::ServerText;
 use crate::webhook::{self, Endpoint};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::{self, BuiltinOid::*};
@@ -323,7 +324,7 @@ pub struct Endpoints {
     pub settling_held: super::held_back::HeldBack<i64>,
     /// Ordering keys at endpoints whose next delivery an operator's open transaction held when
     /// the one before it ended (record.rs, end_deliveries): handed on by a later step.
-    pub releasing_held: super::held_back::HeldBack<(i64, String)>,
+    pub releasing_held: super::held_back::HeldBack<(i64, ServerText)>,
     /// Subscriptions went away (or a step that may have let their messages go failed): the
     /// next claiming step looks for messages left without deliveries (record.rs, settle_orphans).
     pub look_for_orphans: bool,
@@ -359,7 +360,8 @@ impl Endpoints {
                 None => None,
                 Some(Ok(key)) => Some(key),
                 Some(Err(why)) => {
-                    pgrx::warning!("outbox_ext: subscription {id} of \"{topic}\" to {url} skipped: its secret {why}");
+                    let origin = webhook::origin(&url);
+                    pgrx::warning!("outbox_ext: subscription {id} of \"{topic}\" to {origin} skipped: its secret {why}");
                     continue;
                 }
             };

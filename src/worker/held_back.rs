@@ -3,6 +3,7 @@
 //! skips those rows (`SKIP LOCKED`) rather than wait for them with its whole step, every
 //! endpoint's, and comes back to them after [`HOLD_BACK`].
 
+use crate::text::ServerText;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -76,7 +77,7 @@ pub const KEY_PATIENCE: Duration = Duration::from_secs(1);
 /// The ordering keys whose messages the pick-up left alone because producers held them.
 #[derive(Debug, Default)]
 pub struct HeldBackKeys {
-    held: BTreeMap<String, HeldKey>,
+    held: BTreeMap<ServerText, HeldKey>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -94,7 +95,7 @@ impl HeldBackKeys {
     /// their producers kept committing, the one left alone longest. One at a time, waited for
     /// before the pick-up tries any other key: a producer holding one such key may be about
     /// to enqueue with another, and would wait for the worker while the worker waits for it.
-    pub fn to_wait_for(&self, now: Instant) -> Option<String> {
+    pub fn to_wait_for(&self, now: Instant) -> Option<ServerText> {
         self.held
             .iter()
             .filter(|(_, key)| key.churning && now.duration_since(key.since) >= KEY_PATIENCE)
@@ -105,7 +106,7 @@ impl HeldBackKeys {
     /// A pick-up at `now` left alone the messages of `keys`, each with the newest message queued
     /// behind it. The other keys are forgotten (handed on, or their messages not picked up this
     /// time: their patience starts again).
-    pub fn left_alone(&mut self, keys: Vec<(String, i64)>, now: Instant) {
+    pub fn left_alone(&mut self, keys: Vec<(ServerText, i64)>, now: Instant) {
         let mut held = BTreeMap::new();
         for (name, newest) in keys {
             let key = match self.held.get(&name) {
@@ -167,7 +168,7 @@ impl<T> HeldBack<T> {
 
 #[cfg(test)]
 mod unit_tests {
-    use super::{HeldBack, HeldBackKeys, HeldBackTopics, HOLD_BACK, KEY_PATIENCE};
+    use super::{HeldBack, HeldBackKeys, HeldBackTopics, ServerText, HOLD_BACK, KEY_PATIENCE};
     use std::time::{Duration, Instant};
 
     fn topics(names: &[&str]) -> Vec<String> {
@@ -211,17 +212,18 @@ mod unit_tests {
     fn a_key_producers_keep_committing_to_is_waited_for_once_the_patience_runs_out() {
         let mut keys = HeldBackKeys::default();
         let start = Instant::now();
-        let key = |name: &str, newest: i64| (name.to_string(), newest);
+        let key = |name: &str, newest: i64| (ServerText::from_bytes(name.as_bytes()), newest);
+        let named = |name: &str| Some(ServerText::from_bytes(name.as_bytes()));
         keys.left_alone(vec![key("a", 10), key("b", 20), key("idle", 30)], start);
         assert_eq!(keys.to_wait_for(start), None, "left alone first");
         keys.left_alone(vec![key("a", 11), key("idle", 30)], start + KEY_PATIENCE / 2); // b handed on
         keys.left_alone(vec![key("a", 12), key("b", 21), key("idle", 30)], start + KEY_PATIENCE / 2);
-        assert_eq!(keys.to_wait_for(start + KEY_PATIENCE), Some("a".to_string()), "b's patience started again");
+        assert_eq!(keys.to_wait_for(start + KEY_PATIENCE), named("a"), "b's patience started again");
         keys.left_alone(vec![key("a", 12), key("b", 22), key("idle", 30)], start + KEY_PATIENCE);
         let later = start + KEY_PATIENCE / 2 + KEY_PATIENCE;
-        assert_eq!(keys.to_wait_for(later), Some("a".to_string()), "both due: one at a time, the longest left alone first");
+        assert_eq!(keys.to_wait_for(later), named("a"), "both due: one at a time, the longest left alone first");
         keys.left_alone(vec![key("b", 23), key("idle", 30)], later); // a handed on
-        assert_eq!(keys.to_wait_for(later), Some("b".to_string()));
+        assert_eq!(keys.to_wait_for(later), named("b"));
         keys.left_alone(vec![key("idle", 30)], start + 10 * KEY_PATIENCE);
         assert_eq!(
             keys.to_wait_for(start + 10 * KEY_PATIENCE),

@@ -161,6 +161,12 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
         match reason {
             ExitReason::NoExtension => database.has_extension = HasExtension::No,
             ExitReason::Stopped => database.next_start = Instant::now(),
+            ExitReason::LeftWhenAsked => {
+                // DROP EXTENSION asks so too: whether the database still has the extension
+                // takes a look before it is said to wait for a worker (stop 57's probe).
+                database.has_extension = HasExtension::Unknown;
+                database.next_start = Instant::now();
+            }
             ExitReason::HasExtension => {
                 database.has_extension = HasExtension::Yes;
                 database.next_start = Instant::now();

@@ -49,6 +49,7 @@ use crate::backend::shutdown_requested;
 use crate::fmgr::{sql_function, SetResult};
 use crate::settings::{self, WorkerSettings};
 use crate::spi::Spi;
+use crate::text::ServerText;
 use crate::webhook::AllowedNetworks;
 use claim::Claimed;
 use deliver::{Finished, Pool};
@@ -128,7 +129,7 @@ struct Worker {
     settling_again: Vec<i64>,
     /// The ordering keys a step hands on again at their endpoints (an operator's transaction
     /// held their next delivery before): held again if the step fails.
-    releasing_again: Vec<(i64, String)>,
+    releasing_again: Vec<(i64, ServerText)>,
     /// The messages left without deliveries a step lets go again (an operator's transaction
     /// held them before): held again if the step fails.
     unhanding_again: Vec<i64>,
@@ -231,7 +232,7 @@ impl Worker {
         loop {
             if registry::must_leave_now(self.slot) {
                 self.last_step_before_leaving(schema);
-                return ExitReason::Stopped; // abandons what is in flight: redelivered later
+                return ExitReason::LeftWhenAsked; // abandons what is in flight: redelivered later
             }
             if (shutdown_requested() || registry::must_drain(self.slot)) && !self.draining {
                 self.draining = true;

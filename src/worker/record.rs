@@ -11,7 +11,7 @@ use super::endpoints::Endpoints;
 use super::held_back::HeldBack;
 use crate::policy::{self, AfterFailure, RetryPolicy};
 use crate::spi::{Spi, Statement};
-use crate::text;
+use crate::text::{self, ServerText};
 use crate::webhook::Outcome;
 use crate::{interval, ordering};
 use pgrx::datum::IntoDatum;
@@ -178,7 +178,7 @@ pub fn end_deliveries(
 ) -> Vec<i64> {
     let rows = spi.execute(statement, schema, arguments);
     let messages = rows.get::<Vec<i64>>(0, 1).unwrap_or_default();
-    let (endpoints_with_keys, keys) = (rows.get::<Vec<i64>>(0, 2).unwrap_or_default(), rows.get_text_array(0, 3));
+    let (endpoints_with_keys, keys) = (rows.get::<Vec<i64>>(0, 2).unwrap_or_default(), rows.get_server_text_array(0, 3));
     release_keys(spi, schema, endpoints_with_keys, keys, all);
     messages
 }
@@ -187,7 +187,7 @@ pub fn end_deliveries(
 /// another transaction holds go to `all.releasing_held`. The endpoints are due now: a key's next
 /// delivery may be claimable there (else an idle worker sent a key's backlog at one message per
 /// outbox.poll_interval, as stop 56's probe saw).
-fn release_keys(spi: &mut Spi, schema: pg_sys::Oid, endpoints: Vec<i64>, keys: Vec<String>, all: &mut Endpoints) {
+fn release_keys(spi: &mut Spi, schema: pg_sys::Oid, endpoints: Vec<i64>, keys: Vec<ServerText>, all: &mut Endpoints) {
     if endpoints.is_empty() {
         return;
     }
@@ -208,14 +208,14 @@ fn release_keys(spi: &mut Spi, schema: pg_sys::Oid, endpoints: Vec<i64>, keys: V
 /// those still held going to `all.releasing_held`.
 pub fn hand_on_keys_left_behind(spi: &mut Spi, schema: pg_sys::Oid, all: &mut Endpoints) {
     let left = spi.execute(&KEYS_LEFT_BEHIND, schema, &[]);
-    let (endpoints, keys) = (left.get::<Vec<i64>>(0, 1).unwrap_or_default(), left.get_text_array(0, 2));
+    let (endpoints, keys) = (left.get::<Vec<i64>>(0, 1).unwrap_or_default(), left.get_server_text_array(0, 2));
     release_keys(spi, schema, endpoints, keys, all);
 }
 
 /// Hands on `keys` (as (endpoint, key)) held back by an earlier step; those another transaction
 /// still holds go back to `all.releasing_held`.
-pub fn release_held_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Vec<(i64, String)>, all: &mut Endpoints) {
-    let (endpoints, keys): (Vec<i64>, Vec<String>) = keys.into_iter().unzip();
+pub fn release_held_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Vec<(i64, ServerText)>, all: &mut Endpoints) {
+    let (endpoints, keys): (Vec<i64>, Vec<ServerText>) = keys.into_iter().unzip();
     release_keys(spi, schema, endpoints, keys, all);
 }
 
@@ -354,7 +354,7 @@ pub fn unhand(spi: &mut Spi, schema: pg_sys::Oid, mut ids: Vec<i64>, held: &mut 
         return false;
     }
     let unhanded = spi.execute_seeing_latest_commits(&UNHAND, schema, &[ids.into_datum()]);
-    let keys: Vec<String> = (0..unhanded.len()).filter_map(|row| unhanded.get_text(row, 1)).collect();
+    let keys: Vec<ServerText> = (0..unhanded.len()).filter_map(|row| unhanded.get_server_text(row, 1)).collect();
     if keys.is_empty() {
         return false;
     }

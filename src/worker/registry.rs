@@ -57,10 +57,13 @@ pub enum ExitReason {
     Unknown,
     /// The database has no outbox_ext (never had, or DROP EXTENSION).
     NoExtension,
-    /// Asked to stop (SIGTERM, the launcher, a paused database).
+    /// Asked to stop (SIGTERM, or to drain: left out of outbox.worker_databases).
     Stopped,
     /// A check (not a delivery worker) found outbox_ext in the database.
     HasExtension,
+    /// Asked to leave at once: by a statement that pauses the database (DROP EXTENSION among
+    /// them), or by the launcher. Whether the database still has the extension is not known.
+    LeftWhenAsked,
 }
 
 /// Why a database has no worker although it should.

@@ -52,20 +52,52 @@ def test_a_non_ascii_payload_is_delivered_as_utf8_json(encoded_db, receiver):
     assert worker_pid(database) == pid, "the worker restarted"
 
 
-def test_bytes_that_are_not_utf8_in_sql_ascii_arrive_as_replacement_characters(database, receiver):
-    name = DATABASES["SQL_ASCII"]
-    recreate_database(name, encoding="SQL_ASCII")
+def test_an_ordering_key_that_is_not_ascii_is_handed_on_at_its_endpoint(encoded_db, receiver):
+    """The worker hands a key on at an endpoint by the key's bytes. Until 0.5.34 it read them
+    as UTF-8 and wrote that back: in LATIN1 another key (ü became Ã¼), in SQL_ASCII bytes that
+    are not UTF-8 became U+FFFD. Nothing matched, and the key's second message waited for ever
+    without a word (in EUC_JP every step of the database failed). Found by stop 57's probe of
+    encodings."""
+    encoding, db = encoded_db
+    database = db.info.dbname
+    key = "'Müller-ü'" if encoding == "LATIN1" else "'raw-' || convert_from('\\xff'::bytea, 'SQL_ASCII')"
+    db.execute("SELECT outbox_subscribe('enc.keyed', %s)", (receiver.url,))
+    wait_for_worker(database)
+    db.execute(f"SELECT (outbox_enqueue('enc.keyed', jsonb_build_object('n', n), ordering_key => {key})).id FROM generate_series(1, 3) n")
+    requests = receiver.wait_for(3)
+    assert [json.loads(r["body"])["n"] for r in requests] == [1, 2, 3]
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == 3,
+               what="all three recorded")
+
+
+@pytest.mark.parametrize(
+    "encoding,name,character",
+    [
+        ("SQL_ASCII", DATABASES["SQL_ASCII"], "convert_from('\\xff'::bytea, 'SQL_ASCII')"),
+        ("WIN1252", "outbox_win1252", "convert_from('\\x81'::bytea, 'WIN1252')"),
+    ],
+)
+def test_bytes_without_a_utf8_meaning_arrive_as_replacement_characters(database, receiver, encoding, name, character):
+    """In SQL_ASCII PostgreSQL does not know what the bytes mean: those that are not UTF-8 have
+    no UTF-8 equivalent. WIN1252 takes byte 0x81, which means no character: PostgreSQL stores it,
+    and has no UTF-8 for it. Both are sent as U+FFFD. Until 0.5.34 converting WIN1252's raised an
+    error that failed the worker's step, every time: no message of the database was delivered
+    again (found by stop 57's probe of encodings)."""
+    recreate_database(name, encoding=encoding)
     try:
         with psycopg.connect(dbname=name, autocommit=True) as db:
+            db.execute("SET client_encoding = 'UTF8'")
             db.execute("CREATE EXTENSION outbox_ext")
             db.execute("SELECT outbox_subscribe('enc.raw', %s)", (receiver.url,))
             wait_for_worker(name)
-            db.execute("""SELECT outbox_enqueue('enc.raw', ('{"name": "' || convert_from('\\xff'::bytea, 'SQL_ASCII') || '"}')::jsonb)""")
+            # (Its id only: the row's payload has no UTF-8 for this client either.)
+            db.execute(f"""SELECT (outbox_enqueue('enc.raw', ('{{"name": "x' || {character} || 'y €"}}')::jsonb)).id""")
             db.execute("""SELECT outbox_enqueue('enc.raw', '{"n": 2}')""")
             requests = receiver.wait_for(2)
-            assert sorted(r["body"] for r in requests) == sorted(['{"name": "\ufffd"}', '{"n": 2}'])
+            assert sorted(r["body"] for r in requests) == sorted(['{"name": "x\ufffdy €"}', '{"n": 2}'])
     finally:
-        recreate_database(name)
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_non_ascii_arguments_get_the_usual_checks(encoded_db):

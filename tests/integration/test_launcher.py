@@ -250,6 +250,35 @@ def test_more_databases_than_max_workers_are_named_and_wait(cluster, receiver):
         cluster.configure(**{"outbox.max_workers": "8"})
 
 
+def test_a_database_whose_extension_was_dropped_is_not_named_as_waiting(cluster, receiver):
+    """DROP EXTENSION stops its database's worker, and a database waiting for one takes the
+    slot. Until 0.5.34 the launcher still took the first for a database with the extension:
+    with every worker taken again it warned that it had no worker and showed it waiting, where
+    the docs advise raising outbox.max_workers (found by stop 57's probe of the docs)."""
+    for name in list(cluster.worker_pids()):
+        with cluster.connect() as admin:
+            admin.execute(f'DROP DATABASE "{name}"')
+    cluster.configure(**{"outbox.max_workers": "2"})
+    try:
+        for name in ("north", "south", "east"):
+            cluster.create_database(name)
+        eventually(lambda: len(cluster.worker_pids()) == 2, what="two workers")
+        waiting = ({"north", "south", "east"} - set(cluster.worker_pids())).pop()
+        dropped = sorted(cluster.worker_pids())[0]
+        offset = cluster.server_log.stat().st_size
+        with cluster.connect(dropped) as conn:
+            conn.execute("DROP EXTENSION outbox_ext")
+        eventually(lambda: waiting in cluster.worker_pids(), timeout=10, what="the waiting database's worker")
+        time.sleep(3)  # the launcher's next rounds
+        assert f'database "{dropped}" has no delivery worker' not in log_since(cluster, offset)
+        with cluster.connect(waiting) as conn:
+            rows = conn.execute("SELECT database, pid, state FROM outbox_worker_status()").fetchall()
+        assert dropped not in [row[0] for row in rows], rows
+        assert len(cluster.worker_pids()) == 2 and dropped not in cluster.worker_pids()
+    finally:
+        cluster.configure(**{"outbox.max_workers": "8"})
+
+
 def test_a_database_beyond_max_workers_is_named_after_a_restart_and_when_copied_from_a_template(cluster, receiver):
     """The launcher learns that a database has the extension from CREATE EXTENSION, or by
     starting a worker there. After a restart, or for a copy of a database (CREATE DATABASE …
