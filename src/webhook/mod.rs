@@ -157,6 +157,8 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     let wait = match value.parse::<u64>() {
         Ok(seconds) => Duration::from_secs(seconds),
+        // (Seconds past u64: longer than the cap, not unreadable.)
+        Err(_) if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => MAX_RETRY_AFTER,
         Err(_) => {
             let at = httpdate::parse_http_date(value).ok()?;
             at.duration_since(now).unwrap_or(Duration::ZERO)
@@ -368,6 +370,8 @@ mod unit_tests {
         assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("99999999", now), Some(MAX_RETRY_AFTER));
+        // Past 64 bits: capped as well (until 0.5.34 ignored, the backoff applied instead).
+        assert_eq!(parse_retry_after("1000000000000000000000000000000", now), Some(MAX_RETRY_AFTER));
     }
 
     #[test]

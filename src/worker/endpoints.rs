@@ -260,23 +260,26 @@ struct Slots {
     fair: usize,
     /// In flight now (and started since, while slots are handed out).
     in_flight: usize,
-    /// Enabled endpoints with nothing in flight: one slot each (up to half of them) is kept
-    /// from the endpoints with requests in flight, so that one that gets work starts at once,
-    /// however many slow endpoints hold the rest.
+    /// Enabled healthy endpoints with nothing in flight: one slot each (up to half of them) is
+    /// kept from the endpoints with requests in flight, so that one that gets work starts at
+    /// once, however many slow endpoints hold the rest.
     without_requests: usize,
 }
 
 impl Slots {
-    /// What the endpoints with requests in flight may have in flight together.
+    /// What the endpoints with requests in flight, and the probes of failing ones, may have
+    /// in flight together.
     fn for_those_sending(&self) -> usize {
         self.max - self.without_requests.min(self.max / 2)
     }
 
-    /// The most that may be in flight when an endpoint with `before` in flight starts one
-    /// more: its first one may take a kept slot, the others only what the endpoints sending
-    /// may have.
-    fn limit_for(&self, before: usize) -> usize {
-        if before == 0 {
+    /// The most that may be in flight when `endpoint`, with `before` in flight, starts one
+    /// more: a healthy endpoint's first one may take a kept slot; its others, and a failing
+    /// endpoint's probe, only what the endpoints sending may have. (A probe, its endpoint's
+    /// first request each time, took kept slots too: 8 endpoints that hang took all 8, and the
+    /// healthy ones got one request per timeout: stop 57's probe of hostile receivers.)
+    fn limit_for(&self, endpoint: &EndpointState, before: usize) -> usize {
+        if before == 0 && !endpoint.failing() {
             self.max
         } else {
             self.for_those_sending()
@@ -286,14 +289,14 @@ impl Slots {
     /// How many requests `endpoint` may start now: within its share and the limit (in a kept
     /// slot, only its first one).
     fn free_for(&self, endpoint: &EndpointState) -> usize {
-        let free = self.limit_for(endpoint.in_flight).saturating_sub(self.in_flight);
+        let free = self.limit_for(endpoint, endpoint.in_flight).saturating_sub(self.in_flight);
         endpoint.room(self.share).min(if endpoint.in_flight == 0 { free.min(1) } else { free })
     }
 
-    /// Counts `count` requests started (or a slot held for them) by an endpoint that had
-    /// `before` in flight.
-    fn take(&mut self, before: usize, count: usize) {
-        if before == 0 && count > 0 {
+    /// Counts `count` requests started (or a slot held for them) by `endpoint` (before it
+    /// counts them in flight).
+    fn take(&mut self, endpoint: &EndpointState, count: usize) {
+        if endpoint.in_flight == 0 && count > 0 && !endpoint.failing() {
             self.without_requests = self.without_requests.saturating_sub(1);
         }
         self.in_flight += count;
@@ -301,7 +304,7 @@ impl Slots {
 
     /// Whether `endpoint` may keep the slot of a request that ends for its next one.
     fn may_keep(&self, endpoint: &EndpointState) -> bool {
-        self.in_flight <= self.limit_for(endpoint.in_flight.saturating_sub(1))
+        self.in_flight <= self.limit_for(endpoint, endpoint.in_flight.saturating_sub(1))
     }
 }
 
@@ -483,7 +486,7 @@ impl Endpoints {
             left -= cap;
             sharing -= 1;
         }
-        let without_requests = self.by_id.values().filter(|e| e.enabled && e.in_flight == 0).count();
+        let without_requests = self.by_id.values().filter(|e| e.enabled && e.in_flight == 0 && !e.failing()).count();
         let (share, fair) = (left.div_ceil(sharing.max(1)).max(1), (left / sharing.max(1)).max(1));
         Slots { max: max_in_flight, share, fair, in_flight, without_requests }
     }
@@ -516,7 +519,7 @@ impl Endpoints {
             size.at_once = state.starting_at_once(&slots, now).min(unpromised);
             if !state.leases_ahead() {
                 size.count = size.count.min(slots.free_for(state));
-                slots.take(state.in_flight, size.count);
+                slots.take(state, size.count);
             }
             if size.count > 0 {
                 unpromised -= size.at_once;
@@ -550,7 +553,7 @@ impl Endpoints {
             while slots.free_for(state) > 0 && has_a_token(state) {
                 let Some(queued) = state.queued.pop_front() else {
                     if may_claim && state.wants_to_send() {
-                        slots.take(state.in_flight, 1); // held for its claim, which follows
+                        slots.take(state, 1); // held for its claim, which follows
                     }
                     break;
                 };
@@ -559,7 +562,7 @@ impl Endpoints {
                     state.due_now = true; // (handed back, it is due again)
                     continue;
                 }
-                slots.take(state.in_flight, 1);
+                slots.take(state, 1);
                 state.in_flight += 1;
                 self.starts += 1;
                 state.last_start = self.starts;
@@ -857,6 +860,25 @@ mod unit_tests {
         all.by_id.get_mut(&1).unwrap().in_flight = 1;
         assert_eq!(free_slots(&mut all, 8, 1), vec![(2, 7)], "its probe is out: nothing more until it answers");
         assert_eq!(all.wait_for_due_work(8, 1, Instant::now()), Some(Duration::ZERO), "endpoint 2 can start");
+    }
+
+    #[test]
+    fn failing_endpoints_leave_the_kept_slots_to_the_healthy_ones() {
+        // 8 endpoints that hang (failing: a probe each, due again), 2 healthy ones without work,
+        // 8 slots: the probes take the 6 slots not kept. Until 0.5.34 a probe, its endpoint's
+        // first request, could take a kept slot: 8 hanging endpoints took every slot, and the
+        // healthy ones got one request per timeout (stop 57's probe of hostile receivers).
+        let spec: Vec<(i64, usize, bool)> = (1..=10).map(|id| (id, 0, id <= 8)).collect();
+        let mut all = endpoints(&spec);
+        for id in 1..=8 {
+            all.by_id.get_mut(&id).unwrap().failing_since = Some(0);
+        }
+        assert_eq!(free_slots(&mut all, 8, 0), (1..=6).map(|id| (id, 1)).collect::<Vec<_>>());
+        for id in 1..=6 {
+            all.by_id.get_mut(&id).unwrap().in_flight = 1;
+        }
+        all.by_id.get_mut(&9).unwrap().due_now = true;
+        assert_eq!(free_slots(&mut all, 8, 6), vec![(9, 1)], "a healthy endpoint that gets work starts at once");
     }
 
     #[test]

@@ -346,6 +346,31 @@ def test_two_slow_endpoints_leave_a_slot_for_a_third(worker, receivers):
     assert waited < 2.0, f"the third endpoint's message waited {waited:.1f} s for a slot"
 
 
+def test_endpoints_that_hang_as_many_as_the_slots_leave_one_to_a_healthy_endpoint(worker, receivers):
+    """8 endpoints that never answer within their timeout, failing (one probe each at a time,
+    again soon after each timeout), and outbox.max_in_flight 8. Until 0.5.34 a probe, its
+    endpoint's first request each time, could take a slot kept for endpoints with nothing in
+    flight: the 8 probes held every slot, and a healthy endpoint got about one request per
+    timeout (stop 57's probe of hostile receivers: 4 of 79 messages in 20 s). The probes now
+    leave the kept slots to healthy endpoints."""
+    db = worker
+    hanging, healthy = receivers(), receivers()
+    hanging.answer_by_default(200, delay=20)
+    for n in range(8):
+        db.execute("SELECT outbox_subscribe('report.ready', %s, timeout => interval '8 seconds')", (f"{hanging.url}?n={n}",))
+    db.execute("SELECT outbox_subscribe('quick.done', %s)", (healthy.url,))
+    enqueue_many(db, 4, topic="report.ready")
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_subscription WHERE failing_since IS NOT NULL").fetchone()[0] == 8,
+               timeout=30, what="the 8 hanging endpoints recorded as failing")
+    eventually(lambda: hanging.concurrent >= 6, timeout=10, what="their probes in flight")
+    sent = time.monotonic()
+    enqueue_many(db, 20, topic="quick.done")
+    healthy.wait_for(20, timeout=30)
+    took = time.monotonic() - sent
+    # (Under the 8 s of a probe's timeout: until 0.5.34 the 20 needed several.)
+    assert took < 6, f"the healthy endpoint's 20 messages took {took:.1f} s"
+
+
 def test_a_failing_endpoint_leaves_the_slots_it_cannot_use_to_another(worker, receivers):
     """A failing endpoint gets one request at a time; the other endpoint with work got only
     half of the 8 slots beside it, 3 of them unused. It gets the other 7."""
