@@ -919,11 +919,14 @@ BEGIN
         -- deliveries went with an unsubscribed endpoint): every endpoint left took them. Nothing
         -- is sent again: DONE, as the worker settles such a message (0.5.32 left it PENDING,
         -- waiting for deliveries that never came).
-        SELECT dead.id
-          FROM dead
-         WHERE EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d WHERE d.message_id = dead.id)
-           AND NOT EXISTS (SELECT FROM ONLY @extschema@.outbox_delivery d
-                            WHERE d.message_id = dead.id AND d.status = 'DEAD'::@extschema@.outbox_status)
+        -- (Their deliveries found by message id alone, in the primary key, in one scan: a
+        -- probe of the dead deliveries per message, planned for the few rows the statistics of
+        -- a table loaded since promised, read the whole dead index for each, 30,000 times.)
+        SELECT d.message_id AS id
+          FROM ONLY @extschema@.outbox_delivery d
+         WHERE d.message_id = ANY (ARRAY(SELECT dead.id FROM dead))
+         GROUP BY d.message_id
+        HAVING NOT pg_catalog.bool_or(d.status = 'DEAD'::@extschema@.outbox_status)
     ), done AS (
         UPDATE ONLY @extschema@.outbox o
            SET status = 'DONE', processed_at = clock_timestamp(), waiting_for = NULL, lease_token = NULL
