@@ -88,10 +88,11 @@ unsafe fn to_utf8_replacing(bytes: &[u8]) -> String {
             // SAFETY: `rest` is valid for its length, a text value's bytes (no NUL).
             (unsafe { pg_sys::pg_mbcliplen(rest.as_ptr().cast(), rest.len() as i32, PIECE as i32) }.max(1)) as usize
         };
-        buffer[0] = 0; // (what a conversion that converts nothing leaves)
-                       // SAFETY: the conversion reads `piece` bytes of `rest`, writes at most
-                       // MAX_CONVERSION_GROWTH times as many and a NUL into `buffer`, and with noError returns
-                       // how many bytes it converted (up to the first it cannot).
+        // (What a conversion that converts nothing leaves.)
+        buffer[0] = 0;
+        // SAFETY: the conversion reads `piece` bytes of `rest`, writes at most
+        // MAX_CONVERSION_GROWTH times as many and a NUL into `buffer`, and with noError returns
+        // how many bytes it converted (up to the first it cannot).
         let converted = unsafe {
             pg_sys::pg_do_encoding_conversion_buf(
                 conversion,

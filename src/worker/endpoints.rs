@@ -182,6 +182,12 @@ impl EndpointState {
         self.failing_since.is_some() || self.failure_unrecorded
     }
 
+    /// Whether a slot is kept for it (one of [`Slots::without_requests`]): enabled, healthy
+    /// and with nothing in flight.
+    fn has_a_slot_kept(&self) -> bool {
+        self.enabled && self.in_flight == 0 && !self.failing()
+    }
+
     /// How many requests it may start now with `share` slots, leaving aside the rate limit.
     fn room(&self, share: usize) -> usize {
         self.cap(share).saturating_sub(self.in_flight)
@@ -296,7 +302,7 @@ impl Slots {
     /// Counts `count` requests started (or a slot held for them) by `endpoint` (before it
     /// counts them in flight).
     fn take(&mut self, endpoint: &EndpointState, count: usize) {
-        if endpoint.in_flight == 0 && count > 0 && !endpoint.failing() {
+        if count > 0 && endpoint.has_a_slot_kept() {
             self.without_requests = self.without_requests.saturating_sub(1);
         }
         self.in_flight += count;
@@ -486,7 +492,7 @@ impl Endpoints {
             left -= cap;
             sharing -= 1;
         }
-        let without_requests = self.by_id.values().filter(|e| e.enabled && e.in_flight == 0 && !e.failing()).count();
+        let without_requests = self.by_id.values().filter(|e| e.has_a_slot_kept()).count();
         let (share, fair) = (left.div_ceil(sharing.max(1)).max(1), (left / sharing.max(1)).max(1));
         Slots { max: max_in_flight, share, fair, in_flight, without_requests }
     }
