@@ -484,4 +484,6 @@ ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_rate_limit_ch
 
 -- ======== new in 0.5.33 ========
 
--- ======== new in 0.5.34 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.34 ========
+
+-- ======== new in 0.5.35 (scripts/make-upgrade-script.sh copies from here to the end) ========
