@@ -106,7 +106,7 @@ pub extern "C-unwind" fn outbox_launcher_main(_argument: pg_sys::Datum) {
 
 fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeSet<String>) {
     let resumes_before = registry::resumes();
-    let (listed, role_exists) = read_catalogs();
+    let (listed, worker_role) = read_catalogs();
     let wanted_names = settings::worker_databases();
 
     // Databases that came and went.
@@ -190,7 +190,7 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
     let max_workers = settings::max_workers();
     let mut waiting = Vec::new();
     for (&oid, database) in databases.iter_mut() {
-        let wanted = role_exists
+        let wanted = worker_role.is_some()
             && connectable.contains(&oid)
             && allowed(database)
             && database.has_extension != HasExtension::No
@@ -217,23 +217,23 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
             continue;
         }
         if registry::resumes() != resumes_before {
-            // A database was let back after what was read above: the name read may be one a
-            // RENAME or a DROP has just ended (its worker would fail to connect). resume() woke
-            // the launcher: the next round reads the databases again.
+            // A database was let back after what was read above: it may be one a DROP has just
+            // ended (its worker would fail to connect). resume() woke the launcher: the next
+            // round reads the databases again.
             continue;
         }
         let reason = if running >= max_workers {
             if database.has_extension == HasExtension::Unknown {
                 // Whether it waits at all (it may have no extension) takes a look inside.
                 if !checking {
-                    database.worker = start_worker(oid, &database.name, Purpose::Check);
+                    database.worker = start_worker(oid, worker_role, &database.name, Purpose::Check);
                     checking = database.worker.is_some();
                 }
                 continue;
             }
             Some(WaitReason::MaxWorkers)
         } else {
-            match start_worker(oid, &database.name, Purpose::Deliver) {
+            match start_worker(oid, worker_role, &database.name, Purpose::Deliver) {
                 Some(worker) => {
                     database.worker = Some(worker);
                     database.warned_waiting = false;
@@ -268,9 +268,11 @@ enum Purpose {
     Check,
 }
 
-fn start_worker(database_oid: u32, name: &str, purpose: Purpose) -> Option<Running> {
+/// Starts a worker (or a check) of `database_oid`, to connect as `role_oid`: both by oid, so a
+/// name that is not UTF-8 (its bytes in another encoding) or one just renamed cannot miss.
+fn start_worker(database_oid: u32, role_oid: Option<u32>, name: &str, purpose: Purpose) -> Option<Running> {
     let checking = purpose == Purpose::Check;
-    let slot = registry::reserve_slot(database_oid, checking)?;
+    let slot = registry::reserve_slot(database_oid, role_oid?, checking)?;
     let launcher_pid = crate::backend::process_id();
     let (title, kind, function) = match purpose {
         Purpose::Deliver => (format!("outbox_ext delivery worker for {name}"), "outbox_ext delivery worker", "outbox_worker_main"),
@@ -298,14 +300,12 @@ fn start_worker(database_oid: u32, name: &str, purpose: Purpose) -> Option<Runni
 
 /// The entry point of a check: a short-lived background worker that connects to a database the
 /// launcher knows nothing of while every delivery worker is taken, and reports whether it has
-/// outbox_ext (its argument is its registry slot, its extra data the database's name).
+/// outbox_ext (its argument is its registry slot, which names the database).
 #[pgrx::pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn outbox_database_check_main(argument: pg_sys::Datum) {
     let slot = argument.value();
-    let database = BackgroundWorker::get_extra().to_owned();
-    registry::attach(slot);
-    super::session::connect(&database);
+    super::session::connect(registry::attach(slot));
     let reason = match super::session::transaction(super::session::extension_schema) {
         Ok(Some(_)) => ExitReason::HasExtension,
         Ok(None) => ExitReason::NoExtension,
@@ -316,11 +316,11 @@ pub extern "C-unwind" fn outbox_database_check_main(argument: pg_sys::Datum) {
     unsafe { pg_sys::proc_exit(0) };
 }
 
-/// The databases (oid, name, whether one may connect and it is not a template) and whether the
-/// worker's role exists, read from the shared catalogs in a transaction.
-fn read_catalogs() -> (Vec<Listed>, bool) {
+/// The databases (oid, name, whether one may connect and it is not a template) and the oid of
+/// the worker's role if it exists, read from the shared catalogs in a transaction.
+fn read_catalogs() -> (Vec<Listed>, Option<u32>) {
     let mut listed = Vec::new();
-    let mut role_exists = false;
+    let mut worker_role = None;
     // SAFETY: a background worker's transaction around heap scans of two shared catalogs, as
     // the autovacuum and logical replication launchers do.
     unsafe {
@@ -354,7 +354,7 @@ fn read_catalogs() -> (Vec<Listed>, bool) {
             }
             let row = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_authid>(tuple);
             if CStr::from_ptr(row.rolname.data.as_ptr()).to_bytes() == WORKER_ROLE.as_bytes() {
-                role_exists = true;
+                worker_role = Some(row.oid.to_u32());
             }
         }
         pg_sys::table_endscan(scan);
@@ -363,5 +363,5 @@ fn read_catalogs() -> (Vec<Listed>, bool) {
         pg_sys::PopActiveSnapshot();
         pg_sys::CommitTransactionCommand();
     }
-    (listed, role_exists)
+    (listed, worker_role)
 }

@@ -79,7 +79,8 @@ const MAX_DRAIN: Duration = Duration::from_secs(10);
 const RECORD_WITHIN: Duration = Duration::from_millis(10);
 
 /// The entry point of a delivery worker (a dynamic background worker the launcher starts; its
-/// argument is its registry slot, its extra data its database's name).
+/// argument is its registry slot, which names the database; its extra data the database's name,
+/// for the log).
 #[pgrx::pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn outbox_worker_main(argument: pg_sys::Datum) {
@@ -88,8 +89,7 @@ pub extern "C-unwind" fn outbox_worker_main(argument: pg_sys::Datum) {
     pgrx::bgworkers::BackgroundWorker::attach_signal_handlers(
         pgrx::bgworkers::SignalWakeFlags::SIGHUP | pgrx::bgworkers::SignalWakeFlags::SIGTERM,
     );
-    registry::attach(slot);
-    session::connect(&database);
+    session::connect(registry::attach(slot));
 
     let reason = Worker::new(slot).run(&database);
     registry::update(slot, |s| s.exit_reason = reason);

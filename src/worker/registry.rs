@@ -92,6 +92,8 @@ impl WaitReason {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Slot {
     pub database_oid: u32,
+    /// The role the worker connects as (`outbox_worker`'s oid when the launcher started it).
+    role_oid: u32,
     pub pid: i32,
     /// The worker's `MyLatch`: PGPROC latches live in shared memory at the same address in
     /// every process of the cluster.
@@ -224,10 +226,10 @@ pub fn set_waiting(databases: &[(u32, WaitReason)]) {
 }
 
 /// Claims a free slot for a new worker (or a check) of `database_oid`; `None` when all are taken.
-pub fn reserve_slot(database_oid: u32, checking: bool) -> Option<usize> {
+pub fn reserve_slot(database_oid: u32, role_oid: u32, checking: bool) -> Option<usize> {
     let mut registry = REGISTRY.exclusive();
     let free = registry.slots.iter().position(|s| s.database_oid == 0)?;
-    registry.slots[free] = Slot { database_oid, checking, ..Slot::default() };
+    registry.slots[free] = Slot { database_oid, role_oid, checking, ..Slot::default() };
     Some(free)
 }
 
@@ -262,18 +264,27 @@ pub fn is_paused(database_oid: u32) -> bool {
 
 // ---- a worker --------------------------------------------------------------------------
 
+/// Whom a worker connects to, and as whom, by oid.
+#[derive(Debug, Clone, Copy)]
+pub struct Connection {
+    pub database_oid: u32,
+    pub role_oid: u32,
+}
+
 /// The calling worker takes `slot` (reserved for it by the launcher) until it exits, however
-/// it exits.
-pub fn attach(slot: usize) {
+/// it exits; the slot says whom it connects to.
+pub fn attach(slot: usize) -> Connection {
     let mut registry = REGISTRY.exclusive();
     let entry = &mut registry.slots[slot];
     entry.pid = process_id();
     entry.latch = my_latch();
     entry.started_at = now();
     entry.exit_reason = ExitReason::Unknown;
+    let connection = Connection { database_oid: entry.database_oid, role_oid: entry.role_oid };
     drop(registry);
     // SAFETY: registers a callback with an integer argument; it runs in this process.
     unsafe { pg_sys::before_shmem_exit(Some(detach_on_exit), pg_sys::Datum::from(slot)) };
+    connection
 }
 
 /// Clears the worker's presence on the way out (a clean stop, or an ERROR that ends it), so

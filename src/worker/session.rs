@@ -41,16 +41,21 @@ const SESSION_SETTINGS: [(&str, &str); 10] = [
     ("enable_bitmapscan", "off"),
 ];
 
-/// Connects to `database` as `outbox_worker` and sets the session up.
-pub fn connect(database: &str) {
-    let role = CString::new(WORKER_ROLE).expect("no NUL");
-    let database = CString::new(database).expect("a database name has no NUL");
+/// Connects to the database as `outbox_worker`, both by oid (a name may be bytes of another
+/// encoding, which a name read as UTF-8 would miss), and sets the session up.
+pub fn connect(to: super::registry::Connection) {
     let settings: Vec<(CString, CString)> = SESSION_SETTINGS
         .iter()
         .map(|(name, value)| (CString::new(*name).expect("no NUL"), CString::new(*value).expect("no NUL")))
         .collect();
     // SAFETY: called once, at the start of a background worker with database access.
-    unsafe { pg_sys::BackgroundWorkerInitializeConnection(database.as_ptr(), role.as_ptr(), compat::BGWORKER_CONNECT_FLAGS) };
+    unsafe {
+        pg_sys::BackgroundWorkerInitializeConnectionByOid(
+            pg_sys::Oid::from(to.database_oid),
+            pg_sys::Oid::from(to.role_oid),
+            compat::BGWORKER_CONNECT_FLAGS,
+        )
+    };
     for (name, value) in &settings {
         set(name, value);
     }

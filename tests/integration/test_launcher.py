@@ -1,13 +1,14 @@
 """Delivery in any database: with shared_preload_libraries = 'outbox_ext' and nothing else,
 CREATE EXTENSION is enough. A server of its own, configured only with the preload."""
 
+import subprocess
 import time
 
 import psycopg
 import pytest
 
 from support import CURRENT_VERSION, cpu_share, eventually, released_versions
-from support.cluster import ScratchCluster
+from support.cluster import ScratchCluster, pg_program
 from support.receiver import Receiver
 
 PORT = 25342
@@ -197,6 +198,32 @@ def test_a_database_with_a_worker_can_be_renamed_and_used_as_a_template(cluster,
     eventually(lambda: {"renamed", "copied"} <= set(cluster.worker_pids()), timeout=10, what="workers for both")
     deliver_one(cluster, "renamed", receiver, "a.renamed")
     deliver_one(cluster, "copied", receiver, "a.copied")
+
+
+def test_a_database_whose_name_is_not_utf8_gets_its_worker(cluster, receiver):
+    """A database name is bytes: created from a SQL_ASCII (or LATIN1) database, `café` keeps its
+    LATIN1 byte 0xE9. The worker connected by name, read lossily: FATAL "database "caf\ufffd"
+    does not exist", again and again, and the database got no delivery (found by stop 57's probe
+    of encodings). It connects by oid."""
+    name = b"caf\xe9"
+    with cluster.connect() as admin:
+        admin.execute("DROP DATABASE IF EXISTS ascii_home WITH (FORCE)")
+        admin.execute("CREATE DATABASE ascii_home ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'")
+    psql = [str(pg_program("psql")).encode(), b"-X", b"-q", b"-v", b"ON_ERROR_STOP=1", b"-h", b"127.0.0.1",
+            b"-p", str(cluster.port).encode(), b"-U", b"postgres", b"-d", name, b"-c"]
+    offset = cluster.server_log.stat().st_size
+    with cluster.connect("ascii_home") as home:
+        home.execute(b'DROP DATABASE IF EXISTS "' + name + b'" WITH (FORCE)')
+        home.execute(b'CREATE DATABASE "' + name + b'"')
+        try:
+            subprocess.run(psql + [b"CREATE EXTENSION outbox_ext"], check=True, capture_output=True)
+            subprocess.run(psql + [f"SELECT outbox_subscribe('a.latin1_name', '{receiver.url}')".encode()], check=True, capture_output=True)
+            subprocess.run(psql + [b"SELECT outbox_enqueue('a.latin1_name', '{}')"], check=True, capture_output=True)
+            eventually(lambda: any(r["headers"]["outbox-topic"] == "a.latin1_name" for r in receiver.requests), timeout=20,
+                       what="the delivery in the database with a LATIN1 name")
+            assert "FATAL" not in log_since(cluster, offset)
+        finally:
+            home.execute(b'DROP DATABASE IF EXISTS "' + name + b'" WITH (FORCE)')
 
 
 def test_a_database_renamed_while_delivering_sends_again_only_what_was_in_flight(cluster, receiver):
