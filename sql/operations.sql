@@ -994,7 +994,7 @@ BEGIN
       FROM @extschema@.outbox_subscription s
      WHERE s.id = outbox_redeliver.subscription_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'outbox_redeliver: subscription_id % does not exist', outbox_redeliver.subscription_id
+        RAISE EXCEPTION 'outbox_redeliver: subscription_id % is not a subscription', outbox_redeliver.subscription_id
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'SELECT id, topic, url FROM outbox_subscriptions lists them.';
     END IF;

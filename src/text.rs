@@ -5,8 +5,11 @@
 //! - Reading: text in a UTF-8 database is used as it is; in SQL_ASCII, where PostgreSQL does not
 //!   know what the bytes mean, bytes that are not UTF-8 become U+FFFD; in any other encoding
 //!   PostgreSQL converts it to UTF-8, a character with no UTF-8 equivalent becoming U+FFFD.
-//! - Writing messages for the server: in a database that is not UTF-8, characters outside
-//!   ASCII are escaped (`\u{e9}`), so a message never holds bytes its encoding cannot show.
+//! - Writing text into the database (an endpoint's error): converted to its encoding, a
+//!   character the encoding cannot hold escaped (`\u{20ac}` in LATIN1).
+//! - Writing messages for the server log or a client: in a database that is not UTF-8,
+//!   characters outside ASCII are escaped (`\u{e9}`), so a message never holds bytes its
+//!   encoding cannot show.
 //! - What the worker reads only to hand back to SQL (an ordering key) is not converted at all:
 //!   [`ServerText`] keeps the database's bytes.
 
@@ -120,18 +123,79 @@ unsafe fn to_utf8_replacing(bytes: &[u8]) -> String {
     utf8_text
 }
 
-/// A text datum holding `text` (UTF-8), in the database's encoding. Characters the encoding
-/// cannot hold are escaped (`\u{20ac}`), so that writing never fails.
-pub fn to_datum(text: &str) -> pg_sys::Datum {
-    let owned;
-    let text = if text.is_ascii() || database_encoding() != Encoding::Other {
-        text
-    } else {
-        owned = escape_non_ascii(text);
-        &owned
+/// `text` (UTF-8) as the database's bytes, for text written into it (an endpoint's error):
+/// converted as PostgreSQL converts, a character the encoding cannot hold escaped (`\u{20ac}`
+/// in LATIN1), so that writing never fails. Until 0.5.35 every character outside ASCII was
+/// escaped in such a database (LATIN1's `ü` too).
+pub fn to_server(text: &str) -> ServerText {
+    if text.is_ascii() || database_encoding() != Encoding::Other {
+        return ServerText(text.as_bytes().to_vec());
+    }
+    // SAFETY: the worker writes in a transaction (the conversion's lookup reads pg_conversion).
+    unsafe { from_utf8_escaping(text) }
+}
+
+/// UTF-8 as the database's bytes (an encoding other than UTF-8 and SQL_ASCII), a character the
+/// encoding cannot hold escaped. In pieces of at most a MiB, as [`to_utf8_replacing`].
+///
+/// # Safety
+/// A transaction is open.
+unsafe fn from_utf8_escaping(text: &str) -> ServerText {
+    const PIECE: usize = 1 << 20;
+    const MAX_CONVERSION_GROWTH: usize = 4;
+    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
+    // SAFETY: as the caller promises: the lookup reads pg_conversion.
+    let (server, conversion) = unsafe {
+        let server = pg_sys::GetDatabaseEncoding();
+        (server, pg_sys::FindDefaultConversionProc(utf8, server))
     };
-    // (A copy of the bytes into a palloc'd text value, as cstring_to_text_with_len makes.)
-    pgrx::datum::IntoDatum::into_datum(text).expect("a text value")
+    if conversion == pg_sys::InvalidOid {
+        return ServerText(escape_non_ascii(text).into_bytes());
+    }
+    let mut server_text = Vec::with_capacity(text.len());
+    let mut buffer = vec![0u8; text.len().min(PIECE) * MAX_CONVERSION_GROWTH + 1];
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut piece = rest.len().min(PIECE);
+        while !rest.is_char_boundary(piece) {
+            piece -= 1;
+        }
+        // (What a conversion that converts nothing leaves.)
+        buffer[0] = 0;
+        // SAFETY: the conversion reads `piece` bytes of `rest`, writes at most
+        // MAX_CONVERSION_GROWTH times as many and a NUL into `buffer`, and with noError returns
+        // how many bytes it converted (up to the first character it cannot).
+        let converted = unsafe {
+            pg_sys::pg_do_encoding_conversion_buf(
+                conversion,
+                utf8,
+                server,
+                rest.as_ptr().cast_mut(),
+                piece as i32,
+                buffer.as_mut_ptr(),
+                buffer.len() as i32,
+                true,
+            )
+        };
+        let mut converted = (converted.max(0) as usize).min(piece);
+        while !rest.is_char_boundary(converted) {
+            converted -= 1;
+        }
+        server_text.extend_from_slice(CStr::from_bytes_until_nul(&buffer).map_or(&[][..], CStr::to_bytes));
+        rest = &rest[converted..];
+        if converted < piece {
+            // The character there has no equivalent in the database's encoding.
+            let c = rest.chars().next().expect("not empty");
+            server_text.extend_from_slice(escape_non_ascii(c.encode_utf8(&mut [0; 4])).as_bytes());
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    ServerText(server_text)
+}
+
+/// A text datum holding `text` (UTF-8), in the database's encoding (see [`to_server`]).
+pub fn to_datum(text: &str) -> pg_sys::Datum {
+    pgrx::datum::IntoDatum::into_datum(to_server(text)).expect("a text value")
 }
 
 /// How many characters the bytes of a server-encoded string hold.

@@ -112,7 +112,7 @@ pub fn committed(endpoints: &mut Endpoints, written: Written, now: Instant) {
     }
     unwritten.retry_at = (!unwritten.is_empty()).then_some(now + HOLD_BACK);
     for (id, warning) in written.disabled {
-        pgrx::warning!("{warning}");
+        pgrx::warning!("{}", text::for_server_message(&warning));
         if let Some(state) = endpoints.by_id.get_mut(&id) {
             state.enabled = false;
         }
@@ -134,7 +134,7 @@ pub fn record(
     for done in finished.iter().filter(|done| !done.breaker_has_seen) {
         let error = match &done.answer.outcome {
             Outcome::Delivered => None,
-            Outcome::Failed { error, .. } => Some(text::for_server_message(error).into_owned()),
+            Outcome::Failed { error, .. } => Some(error.clone()),
         };
         latest.insert(done.subscription_id, error);
     }
@@ -184,7 +184,7 @@ pub fn record(
         let state = &endpoints.by_id[&id];
         if state.enabled && state.failing_since.is_some_and(|since| now.saturating_sub(since) >= limit) {
             ids.push(id);
-            errors.push(error.clone());
+            errors.push(text::to_server(error));
         } else {
             written.disable.push(id); // not for long enough (a later failure asks again), or disabled meanwhile
         }

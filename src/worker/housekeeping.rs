@@ -13,6 +13,10 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+// The worker's share of housekeeping: the functions operators call (outbox_archive,
+// outbox_purge, and outbox_compact, which decides whether compacting is worth it). Their
+// statements are one line without comments: the server log shows them as the CONTEXT of what
+// the functions log (a compaction), where comments made five lines of one.
 static ARCHIVE: Statement = Statement::new(include_str!("archive.sql"), &[INT4OID]);
 static PURGE: Statement = Statement::new(include_str!("purge.sql"), &[INTERVALOID, INT4OID]);
 static COMPACT: Statement = Statement::new(include_str!("compact.sql"), &[]);

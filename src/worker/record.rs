@@ -91,7 +91,7 @@ pub fn record(spi: &mut Spi, schema: pg_sys::Oid, finished: &[Finished], policy:
         match &done.answer.outcome {
             Outcome::Delivered => delivered.push(done),
             Outcome::Failed { error, retry_after } => {
-                let error = text::for_server_message(error).into_owned();
+                let error = text::to_server(error);
                 let retry_after = retry_after.map(|wait| wait.min(policy::MAX_RETRY_AFTER));
                 match policy.after_failure(done.attempt, retry_after, fastrand::f64()) {
                     AfterFailure::RetryIn(wait) => {
@@ -250,7 +250,7 @@ fn log_attempts<'a>(spi: &mut Spi, schema: pg_sys::Oid, finished: impl Iterator<
         statuses.push(done.answer.http_status.map(i32::from));
         errors.push(match &done.answer.outcome {
             Outcome::Delivered => None,
-            Outcome::Failed { error, .. } => Some(text::for_server_message(error).into_owned()),
+            Outcome::Failed { error, .. } => Some(text::to_server(error)),
         });
     }
     spi.execute(
@@ -311,7 +311,7 @@ fn settle_locked_messages(spi: &mut Spi, schema: pg_sys::Oid, candidates: Vec<i6
         let (status, error) = policy::message_outcome(delivered as usize, dead as usize, rows.get_text(row, 4));
         ids.push(rows.get::<i64>(row, 1).expect("id"));
         statuses.push(status.to_string());
-        errors.push(error);
+        errors.push(error.map(|error| text::to_server(&error)));
     }
     if !ids.is_empty() {
         spi.execute(&SETTLE, schema, &[ids.into_datum(), statuses.into_datum(), errors.into_datum()]);

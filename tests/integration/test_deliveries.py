@@ -128,7 +128,7 @@ def test_replay_since_a_time_and_catching_a_new_endpoint_up_only_when_asked(fast
 
 @pytest.mark.parametrize("call,sqlstate,words", [
     ("outbox_redeliver(NULL)", "22004", "subscription_id must not be NULL"),
-    ("outbox_redeliver(424242)", "22023", "subscription_id 424242 does not exist"),
+    ("outbox_redeliver(424242)", "22023", "subscription_id 424242 is not a subscription"),
 ])
 def test_redeliver_refuses_bad_input(db, call, sqlstate, words):
     with pytest.raises(psycopg.Error) as caught:

@@ -100,6 +100,25 @@ def test_bytes_without_a_utf8_meaning_arrive_as_replacement_characters(database,
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def test_an_endpoints_error_is_recorded_in_the_databases_encoding(encoded_db, fast_worker, receiver):
+    """The worker records an endpoint's error in the database's encoding: LATIN1 holds `ü`, and
+    only `€`, which it cannot hold, is escaped. Until 0.5.35 every character outside ASCII was
+    escaped in a database that is not UTF-8 (`M\\u{fc}ller`, stop 57's probe of encodings).
+    The delivery's error, the attempt log's and the dead message's all read the same."""
+    encoding, db = encoded_db
+    receiver.answer_by_default(500, headers={"Content-Type": "text/plain; charset=utf-8"}, body="Müller: 5 €".encode())
+    db.execute("SELECT outbox_subscribe('enc.refused', %s)", (receiver.url,))
+    wait_for_worker(db.info.dbname)
+    message_id = db.execute("SELECT (outbox_enqueue('enc.refused', '{}')).id").fetchone()[0]
+    eventually(lambda: db.execute("SELECT status FROM outbox WHERE id = %s", (message_id,)).fetchone()[0] == "DEAD",
+               what="the message dead after outbox.max_attempts")
+    expected = "HTTP 500: Müller: 5 " + ("\\u{20ac}" if encoding == "LATIN1" else "€")
+    assert db.execute("SELECT last_error FROM outbox_deliveries WHERE message_id = %s", (message_id,)).fetchone()[0] == expected
+    logged = db.execute("SELECT DISTINCT error FROM outbox_delivery_attempts WHERE message_id = %s", (message_id,)).fetchall()
+    assert logged == [(expected,)]
+    assert db.execute("SELECT last_error FROM outbox WHERE id = %s", (message_id,)).fetchone()[0].endswith(expected)
+
+
 def test_non_ascii_arguments_get_the_usual_checks(encoded_db):
     encoding, db = encoded_db
     first = db.execute("SELECT id, payload FROM outbox_enqueue('enc.ok', '{\"v\": 1}', dedupe_key => 'kunde-müller')").fetchone()
