@@ -10,6 +10,7 @@
 //! not over the dead index entries before it (head.rs).
 
 pub mod head;
+mod serializable;
 
 use crate::error::{or_raise, raise, OutboxError};
 use crate::fmgr::{require_one_dimension, required, sql_function, SetResult};
@@ -81,6 +82,7 @@ sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     let schema = schema_of_function(args.fcinfo());
     let mut result = SetResult::begin(&args);
     let mut spi = Spi::connect();
+    serializable::lock_the_ready_index_whole(schema);
     let lock = LOCK.for_topics(topics.as_ref().map_or(0, Vec::len));
     let rows = spi.execute(lock, schema, &[Some(claimed_at), args.datum(1), batch_size.into_datum(), Some(start_from.into())]);
     // The oldest locked message's available_at (microseconds).

@@ -169,3 +169,28 @@ def test_a_claim_without_lease_after_a_lease_ran_out_counts_its_own_attempt(db):
         other.commit()
     assert db.execute("SELECT status, attempts FROM outbox WHERE id = %s", (message_id,)).fetchone() == ("DEAD", 2)
     assert db.execute("SELECT outbox_complete(%s, %s)", (message_id, first_token)).fetchone()[0] is False
+
+
+def test_serializable_claims_beside_an_open_serializable_transaction_do_not_run_out_of_predicate_locks(db):
+    """SERIALIZABLE keeps what a committed transaction read (predicate locks) for as long as an
+    older serializable transaction that writes is open. Each claim read a dozen pages of the
+    ready index, each a lock: with one such transaction open, a consumer's claims failed after
+    about 1,000 transactions with 53200 "out of shared memory", every one until it ended (stop
+    58's probe of isolation levels). A claim now takes one lock on the whole index."""
+    transactions, batch = 1500, 10
+    db.execute("SELECT outbox_enqueue_batch('ser.claimed', (SELECT array_agg('{}'::jsonb) FROM generate_series(1, %s)))",
+               (transactions * batch,))
+    with connect() as bystander, connect(autocommit=True) as consumer:
+        bystander.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        bystander.execute("SELECT 1")  # open, and not READ ONLY
+        for _ in range(transactions):
+            with consumer.transaction():
+                consumer.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                claimed = consumer.execute("SELECT id, lease_token FROM outbox_claim(%s, ARRAY['ser.claimed'], '1 minute')",
+                                           (batch,)).fetchall()
+                consumer.execute("SELECT outbox_complete_batch(%s::bigint[], %s::uuid[])",
+                                 ([row[0] for row in claimed], [row[1] for row in claimed]))
+        ready_index_locks = db.execute("""SELECT count(*) FROM pg_locks
+                                           WHERE mode = 'SIReadLock' AND relation = 'outbox_ready_idx'::regclass""").fetchone()[0]
+        assert ready_index_locks <= transactions + 1, "one lock of the ready index per transaction, not one per page"
+    assert count(db, "status = 'DONE'") == transactions * batch
