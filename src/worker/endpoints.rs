@@ -110,7 +110,14 @@ pub struct EndpointState {
     /// Its last claim left deliveries on their last attempt for want of a slot to start them in
     /// at once (claim.rs): no claim while none is free, which would find them again.
     pub last_attempts_wait: bool,
+    /// When one of its answers last failed (see [`EndpointState::is_trusted`]).
+    pub failed_at: Option<Instant>,
 }
+
+/// After a failed answer, an endpoint is not trusted with a kept slot for this many of its
+/// timeouts (and at least [`MIN_DISTRUST`]).
+const DISTRUST_TIMEOUTS: u32 = 10;
+const MIN_DISTRUST: Duration = Duration::from_secs(60);
 
 /// The longest wait for a rate limit's next token (a tiny limit's is longer than a Duration
 /// holds); the worker looks again then.
@@ -182,10 +189,20 @@ impl EndpointState {
         self.failing_since.is_some() || self.failure_unrecorded
     }
 
-    /// Whether a slot is kept for it (one of [`Slots::without_requests`]): enabled, healthy
+    /// Whether its first request may take a kept slot: not failing, and no failed answer for a
+    /// while. A success ends `failing`: endpoints that alternate an answer and a request that
+    /// hangs were trusted again after each answer, and 8 of them took the 8 slots with requests
+    /// that hung, round after round: healthy endpoints waited a timeout each time (stop 58's
+    /// probe of hostile receivers).
+    fn is_trusted(&self, now: Instant) -> bool {
+        let distrust = (self.endpoint.timeout * DISTRUST_TIMEOUTS).max(MIN_DISTRUST);
+        !self.failing() && self.failed_at.is_none_or(|at| now.saturating_duration_since(at) >= distrust)
+    }
+
+    /// Whether a slot is kept for it (one of [`Slots::without_requests`]): enabled, trusted
     /// and with nothing in flight.
-    fn has_a_slot_kept(&self) -> bool {
-        self.enabled && self.in_flight == 0 && !self.failing()
+    fn has_a_slot_kept(&self, now: Instant) -> bool {
+        self.enabled && self.in_flight == 0 && self.is_trusted(now)
     }
 
     /// How many requests it may start now with `share` slots, leaving aside the rate limit.
@@ -266,10 +283,12 @@ struct Slots {
     fair: usize,
     /// In flight now (and started since, while slots are handed out).
     in_flight: usize,
-    /// Enabled healthy endpoints with nothing in flight: one slot each (up to half of them) is
+    /// Enabled trusted endpoints with nothing in flight: one slot each (up to half of them) is
     /// kept from the endpoints with requests in flight, so that one that gets work starts at
     /// once, however many slow endpoints hold the rest.
     without_requests: usize,
+    /// When the slots were counted (who is trusted).
+    now: Instant,
 }
 
 impl Slots {
@@ -285,7 +304,7 @@ impl Slots {
     /// first request each time, took kept slots too: 8 endpoints that hang took all 8, and the
     /// healthy ones got one request per timeout: stop 57's probe of hostile receivers.)
     fn limit_for(&self, endpoint: &EndpointState, before: usize) -> usize {
-        if before == 0 && !endpoint.failing() {
+        if before == 0 && endpoint.is_trusted(self.now) {
             self.max
         } else {
             self.for_those_sending()
@@ -302,7 +321,7 @@ impl Slots {
     /// Counts `count` requests started (or a slot held for them) by `endpoint` (before it
     /// counts them in flight).
     fn take(&mut self, endpoint: &EndpointState, count: usize) {
-        if count > 0 && endpoint.has_a_slot_kept() {
+        if count > 0 && endpoint.has_a_slot_kept(self.now) {
             self.without_requests = self.without_requests.saturating_sub(1);
         }
         self.in_flight += count;
@@ -394,6 +413,7 @@ impl Endpoints {
             let (in_flight, due_now, next_due) = known.map_or((0, true, None), |k| (k.in_flight, k.due_now, k.next_due));
             let failure_unrecorded = known.is_some_and(|k| k.failure_unrecorded);
             let last_start = known.map_or(0, |k| k.last_start);
+            let failed_at = known.and_then(|k| k.failed_at);
             if enabled && known.is_some_and(|k| !k.enabled) {
                 // Enabled again by an operator, which starts its circuit afresh (the
                 // subscription's failing_since is NULL): the worker's older failure is not written
@@ -427,6 +447,7 @@ impl Endpoints {
                     last_start,
                     // (Its next claim finds out again.)
                     last_attempts_wait: false,
+                    failed_at,
                 },
             );
         }
@@ -492,9 +513,10 @@ impl Endpoints {
             left -= cap;
             sharing -= 1;
         }
-        let without_requests = self.by_id.values().filter(|e| e.has_a_slot_kept()).count();
+        let now = Instant::now();
+        let without_requests = self.by_id.values().filter(|e| e.has_a_slot_kept(now)).count();
         let (share, fair) = (left.div_ceil(sharing.max(1)).max(1), (left / sharing.max(1)).max(1));
-        Slots { max: max_in_flight, share, fair, in_flight, without_requests }
+        Slots { max: max_in_flight, share, fair, in_flight, without_requests, now }
     }
 
     /// The endpoints `chosen`, in the order they take slots: those with nothing in flight first
@@ -700,6 +722,7 @@ mod unit_tests {
                     head: QueueHead::default(),
                     last_start: 0,
                     last_attempts_wait: false,
+                    failed_at: None,
                 },
             );
         }
@@ -885,6 +908,28 @@ mod unit_tests {
         }
         all.by_id.get_mut(&9).unwrap().due_now = true;
         assert_eq!(free_slots(&mut all, 8, 6), vec![(9, 1)], "a healthy endpoint that gets work starts at once");
+    }
+
+    #[test]
+    fn endpoints_that_failed_lately_leave_the_kept_slots_to_the_others() {
+        // 8 endpoints whose last answer succeeded after a failure a moment ago (they alternate
+        // an answer and a request that hangs), 2 healthy ones without work, 8 slots: their
+        // first requests take the 6 slots not kept. Until 0.5.35 the success made them healthy:
+        // they took all 8, and hung there (stop 58's probe of hostile receivers).
+        let spec: Vec<(i64, usize, bool)> = (1..=10).map(|id| (id, 0, id <= 8)).collect();
+        let mut all = endpoints(&spec);
+        for id in 1..=8 {
+            all.by_id.get_mut(&id).unwrap().failed_at = Some(Instant::now());
+        }
+        assert_eq!(free_slots(&mut all, 8, 0), (1..=6).map(|id| (id, 1)).collect::<Vec<_>>());
+        // Long enough after its failure (10 of its timeouts, at least a minute), one is trusted
+        // again: its first request takes the slot kept for it, and two stay kept.
+        let mut all = endpoints(&spec);
+        for id in 1..=8 {
+            all.by_id.get_mut(&id).unwrap().failed_at = Some(Instant::now());
+        }
+        all.by_id.get_mut(&7).unwrap().failed_at = Instant::now().checked_sub(Duration::from_secs(61));
+        assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (7, 1)]);
     }
 
     #[test]

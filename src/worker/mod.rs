@@ -572,7 +572,10 @@ impl Worker {
                 if done.continued_with.is_none() {
                     state.in_flight = state.in_flight.saturating_sub(1); // (else: its slot went on)
                 }
-                state.failure_unrecorded |= !matches!(done.answer.outcome, crate::webhook::Outcome::Delivered);
+                if !matches!(done.answer.outcome, crate::webhook::Outcome::Delivered) {
+                    state.failure_unrecorded = true;
+                    state.failed_at = Some(Instant::now());
+                }
             }
             self.finished.push(done);
         }

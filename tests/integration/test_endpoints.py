@@ -2,6 +2,7 @@
 with parking, rate limits, secret rotation, the SSRF guard and per-message headers. End to end,
 with real local receivers and the delivery worker of the test database."""
 
+import itertools
 import json
 import socket
 import time
@@ -369,6 +370,33 @@ def test_endpoints_that_hang_as_many_as_the_slots_leave_one_to_a_healthy_endpoin
     took = time.monotonic() - sent
     # (Under the 8 s of a probe's timeout: until 0.5.34 the 20 needed several.)
     assert took < 6, f"the healthy endpoint's 20 messages took {took:.1f} s"
+
+
+def test_endpoints_that_alternate_an_answer_and_a_hang_leave_the_kept_slots_to_a_healthy_endpoint(worker, receivers):
+    """8 endpoints of which every other request hangs past its timeout, outbox.max_in_flight 8.
+    Until 0.5.35 an answer that succeeded made an endpoint healthy again, and its next request
+    took a slot kept for endpoints with nothing in flight: the 8 took every slot with requests
+    that hung, round after round, and a healthy endpoint's messages waited up to a timeout
+    each time (stop 58's probe of hostile receivers: p50 4.3 - 5.3 s with a 3 s timeout). After
+    a failure an endpoint is not trusted with a kept slot for a while."""
+    db = worker
+    flapping, healthy = receivers(), receivers()
+    answered = itertools.count()
+    flapping.answer_with(lambda: (200, 0, {}, b"") if next(answered) % 2 else (200, 20, {}, b""))
+    for n in range(8):
+        db.execute("SELECT outbox_subscribe('flaky.report', %s, timeout => interval '6 seconds')", (f"{flapping.url}?n={n}",))
+    db.execute("SELECT outbox_subscribe('quick.done', %s)", (healthy.url,))
+    enqueue_many(db, 200, topic="flaky.report")
+    eventually(lambda: len(flapping.requests) >= 16, timeout=40, what="the flapping endpoints through a few rounds")
+    sent_at = {}
+    for n in range(16):
+        sent_at[str(n)] = time.time()
+        db.execute("SELECT outbox_enqueue('quick.done', jsonb_build_object('n', %s::text))", (str(n),))
+        time.sleep(0.5)
+    healthy.wait_for(16, timeout=30)
+    waits = sorted(r["arrived_at"] - sent_at[json.loads(r["body"])["n"]] for r in healthy.requests)
+    # (Under the 6 s of a hanging request's timeout: until 0.5.35 some waited most of one.)
+    assert waits[-1] < 3, f"the healthy endpoint's messages waited up to {waits[-1]:.1f} s (median {waits[8]:.1f} s)"
 
 
 def test_a_failing_endpoint_leaves_the_slots_it_cannot_use_to_another(worker, receivers):
