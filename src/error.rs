@@ -53,6 +53,10 @@ pub enum OutboxError {
     /// A string longer than its column allows.
     #[error("{function}: {argument} {problem}")]
     TooLong { function: Name, argument: Name, problem: String },
+    /// A function that writes, called in a transaction that may not write (BEGIN READ ONLY,
+    /// default_transaction_read_only, a hot standby).
+    #[error("{function}: cannot run in a read-only transaction")]
+    ReadOnlyTransaction { function: &'static str },
     /// The library was updated but this database's extension was not (yet).
     #[error("outbox_ext: this database has outbox_ext {installed} but the server runs its library {library}: run ALTER EXTENSION outbox_ext UPDATE")]
     WrongVersion { installed: String, library: String },
@@ -93,6 +97,7 @@ impl OutboxError {
             | OutboxError::NullElement { function: Cow::Borrowed(name), .. }
             | OutboxError::InvalidArgument { function: Cow::Borrowed(name), .. }
             | OutboxError::TooLong { function: Cow::Borrowed(name), .. } => name,
+            OutboxError::ReadOnlyTransaction { function } => function,
             _ => "outbox_ext",
         }
     }
@@ -100,6 +105,9 @@ impl OutboxError {
     fn hint(&self) -> Option<&'static str> {
         match self {
             OutboxError::NullArgument { hint, .. } | OutboxError::InvalidArgument { hint, .. } => *hint,
+            OutboxError::ReadOnlyTransaction { .. } => {
+                Some("On a hot standby, call it on the primary; otherwise in a transaction that is not READ ONLY (see default_transaction_read_only).")
+            }
             _ => None,
         }
     }
@@ -114,6 +122,7 @@ impl OutboxError {
             OutboxError::NullArgument { .. } | OutboxError::NullElement { .. } => (PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, "22004"),
             OutboxError::InvalidArgument { .. } => (PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, "22023"),
             OutboxError::TooLong { .. } => (PgSqlErrorCode::ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "22001"),
+            OutboxError::ReadOnlyTransaction { .. } => (PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION, "25006"),
             OutboxError::WrongVersion { .. } => (PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "55000"),
             OutboxError::Internal(_) => (PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "XX000"),
         }
@@ -134,6 +143,17 @@ pub fn raise(error: OutboxError) -> ! {
     }
     report.report(PgLogLevel::ERROR);
     unreachable!("an ERROR does not return")
+}
+
+/// Raises 25006 naming `function` when the transaction may not write (BEGIN READ ONLY,
+/// default_transaction_read_only, a hot standby). PostgreSQL's own error named the first
+/// statement of ours that wrote (`outbox_complete`: "cannot execute SELECT in a read-only
+/// transaction"), not the function.
+pub fn require_writable(function: &'static str) {
+    // SAFETY: XactReadOnly is this backend's.
+    if unsafe { pgrx::pg_sys::XactReadOnly } {
+        raise(OutboxError::ReadOnlyTransaction { function });
+    }
 }
 
 /// `result`'s value, or its error raised.
@@ -168,6 +188,7 @@ mod unit_tests {
             OutboxError::null_element("f", "a"),
             OutboxError::invalid("f", "a", "x"),
             OutboxError::too_long("f", "a", "x"),
+            OutboxError::ReadOnlyTransaction { function: "f" },
             OutboxError::WrongVersion { installed: "0.3.0".into(), library: "0.4.0".into() },
             OutboxError::Internal("x".into()),
         ]
@@ -176,7 +197,7 @@ mod unit_tests {
     #[test]
     fn each_kind_has_its_sqlstate() {
         let codes: Vec<&str> = every_kind().iter().map(|e| e.sqlstate().1).collect();
-        assert_eq!(codes, ["22004", "22004", "22023", "22001", "55000", "XX000"]);
+        assert_eq!(codes, ["22004", "22004", "22023", "22001", "25006", "55000", "XX000"]);
     }
 
     /// docs/api.md's table of errors names exactly the SQLSTATEs raised here.

@@ -48,6 +48,7 @@ struct Locked {
 // outbox_claim(batch_size integer, topics text[], lease interval) RETURNS SETOF outbox
 sql_function!(outbox_claim_c, pg_finfo_outbox_claim_c, |args| {
     const FUNCTION: &str = "outbox_claim";
+    crate::error::require_writable(FUNCTION);
     let batch_size = required(args.get::<i32>(0), FUNCTION, "batch_size");
     if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
         raise(OutboxError::invalid(FUNCTION, "batch_size", format!("must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}")));

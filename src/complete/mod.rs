@@ -58,6 +58,7 @@ fn completed_and_keys(rows: Rows) -> (usize, Option<pg_sys::Datum>) {
 
 // outbox_complete(id bigint, lease_token uuid) RETURNS boolean
 sql_function!(outbox_complete_c, pg_finfo_outbox_complete_c, |args| {
+    crate::error::require_writable("outbox_complete");
     let id = required(args.get::<i64>(0), "outbox_complete", "id");
     let token = args.get::<Uuid>(1);
     let completed = complete(&args, vec![id].into_datum(), 1, token.map(|t| vec![t]).into_datum());
@@ -68,6 +69,7 @@ sql_function!(outbox_complete_c, pg_finfo_outbox_complete_c, |args| {
 // outbox_complete(ids bigint[], lease_tokens uuid[]).
 sql_function!(outbox_complete_batch_c, pg_finfo_outbox_complete_batch_c, |args| {
     let function = if args.called_as("outbox_complete") { "outbox_complete" } else { "outbox_complete_batch" };
+    crate::error::require_writable(function);
     let ids = required(args.get::<Array<i64>>(0), function, "ids");
     args.check_one_dimension(0, function, "ids");
     args.check_one_dimension(1, function, "lease_tokens");

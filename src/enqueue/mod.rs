@@ -92,6 +92,7 @@ fn insert(spi: &mut Spi, schema: pg_sys::Oid, arguments: [Option<pg_sys::Datum>;
 // headers jsonb) RETURNS outbox
 sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
     const FUNCTION: &str = "outbox_enqueue";
+    crate::error::require_writable(FUNCTION);
     let topic = topic::valid_argument(FUNCTION, "topic", args.text(0));
     if args.is_null(1) {
         raise(OutboxError::null(FUNCTION, "payload").with_hint(EMPTY_PAYLOAD_HINT));
@@ -135,6 +136,7 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
 // RETURNS SETOF outbox
 sql_function!(outbox_enqueue_batch_c, pg_finfo_outbox_enqueue_batch_c, |args| {
     const FUNCTION: &str = "outbox_enqueue_batch";
+    crate::error::require_writable(FUNCTION);
     let topic = topic::valid_argument(FUNCTION, "topic", args.text(0));
     let (elements, dimensions) = required(args.jsonb_array(1), FUNCTION, "payloads");
     require_one_dimension(dimensions, FUNCTION, "payloads");

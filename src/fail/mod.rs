@@ -20,6 +20,7 @@ static DEAD_LETTER: Statement = Statement::new(include_str!("dead_letter.sql"), 
 // outbox_fail(id bigint, error text, lease_token uuid, retry_in interval) RETURNS text
 sql_function!(outbox_fail_c, pg_finfo_outbox_fail_c, |args| {
     const FUNCTION: &str = "outbox_fail";
+    crate::error::require_writable(FUNCTION);
     let id = required(args.get::<i64>(0), FUNCTION, "id");
     if args.is_null(1) {
         raise(OutboxError::null(FUNCTION, "error").with_hint("Say what went wrong."));

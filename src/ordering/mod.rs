@@ -100,6 +100,7 @@ fn release_keys(spi: &mut Spi, schema: pg_sys::Oid, keys: Option<pg_sys::Datum>,
 
 // outbox_release_keys(keys text[]) RETURNS integer: the same for SQL callers (outbox_requeue_dead).
 sql_function!(outbox_release_keys_c, pg_finfo_outbox_release_keys_c, |args| {
+    crate::error::require_writable("outbox_release_keys");
     args.array_without_nulls::<&str>(0, "outbox_release_keys", "keys");
     let schema = schema_of_function(args.fcinfo());
     let mut spi = Spi::connect();
@@ -174,6 +175,7 @@ sql_function!(outbox_release_delivery_keys_c, pg_finfo_outbox_release_delivery_k
     // (The worker's and the operators' functions' own, but callable: a NULL key reached a pgrx
     // panic, XX000, and arrays that did not pair up released nothing, silently.)
     const FUNCTION: &str = "outbox_release_delivery_keys";
+    crate::error::require_writable(FUNCTION);
     let subscriptions = args.array_without_nulls::<i64>(0, FUNCTION, "subscriptions");
     let keys = args.array_without_nulls::<&str>(1, FUNCTION, "keys");
     if let (Some(subscriptions), Some(keys)) = (subscriptions, keys) {

@@ -5,6 +5,7 @@ import threading
 import time
 
 import psycopg
+import pytest
 
 from conftest import connect, enqueue_many
 
@@ -194,3 +195,27 @@ def test_serializable_claims_beside_an_open_serializable_transaction_do_not_run_
                                            WHERE mode = 'SIReadLock' AND relation = 'outbox_ready_idx'::regclass""").fetchone()[0]
         assert ready_index_locks <= transactions + 1, "one lock of the ready index per transaction, not one per page"
     assert count(db, "status = 'DONE'") == transactions * batch
+
+
+@pytest.mark.parametrize("call, function", [
+    ("SELECT outbox_enqueue('ro.topic', '{}')", "outbox_enqueue"),
+    ("SELECT outbox_enqueue_batch('ro.topic', ARRAY['{}'::jsonb])", "outbox_enqueue_batch"),
+    ("SELECT * FROM outbox_claim(1, ARRAY['ro.topic'])", "outbox_claim"),
+    ("SELECT outbox_complete(1)", "outbox_complete"),
+    ("SELECT outbox_complete_batch('{}'::bigint[])", "outbox_complete_batch"),
+    ("SELECT outbox_fail(1, 'no')", "outbox_fail"),
+    ("SELECT outbox_release_keys(ARRAY['k'])", "outbox_release_keys"),
+])
+def test_a_function_that_writes_names_itself_in_a_read_only_transaction(db, call, function):
+    """In a read-only transaction (BEGIN READ ONLY, default_transaction_read_only, a hot
+    standby) PostgreSQL's error named a statement of the function: outbox_complete said "cannot
+    execute SELECT in a read-only transaction", outbox_claim of a topic with nothing ready
+    "SELECT FOR UPDATE" (stop 58's probe of isolation levels)."""
+    db.execute("SELECT outbox_enqueue('ro.topic', '{}')")
+    with connect() as reader:
+        reader.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as refused:
+            reader.execute(call)
+        assert str(refused.value).startswith(f"{function}: cannot run in a read-only transaction")
+        assert "primary" in refused.value.diag.message_hint
+    assert count(db) == 1, "nothing written"
