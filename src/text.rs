@@ -60,29 +60,80 @@ pub fn from_server(bytes: &[u8]) -> String {
     }
 }
 
+/// The longest piece a [`Conversion`] converts at once.
+const PIECE: usize = 1 << 20;
+
+/// A conversion between the database's encoding and UTF-8, as PostgreSQL converts but without
+/// its ERROR for a character it cannot convert (`noError`: it stops there, and the caller
+/// decides). In pieces of at most [`PIECE`] bytes, cut between characters by the caller, so that
+/// the buffer (4 bytes for each byte converted, PostgreSQL's bound) stays small.
+struct Conversion {
+    function: pg_sys::Oid,
+    from: i32,
+    to: i32,
+    buffer: Vec<u8>,
+}
+
+impl Conversion {
+    const MAX_GROWTH: usize = 4;
+
+    /// The conversion from `from` to `to`, for a text of `length` bytes; None when PostgreSQL
+    /// has none.
+    ///
+    /// # Safety
+    /// A transaction is open (the lookup reads pg_conversion).
+    unsafe fn find(from: i32, to: i32, length: usize) -> Option<Conversion> {
+        // SAFETY: as the caller promises.
+        let function = unsafe { pg_sys::FindDefaultConversionProc(from, to) };
+        (function != pg_sys::InvalidOid).then(|| Conversion {
+            function,
+            from,
+            to,
+            buffer: vec![0; length.min(PIECE) * Self::MAX_GROWTH + 1],
+        })
+    }
+
+    /// Converts `piece` (at most [`PIECE`] bytes, and no longer than the text it was found
+    /// for): how many of its bytes it converted (up to the first character it cannot), and
+    /// what they became.
+    fn convert(&mut self, piece: &[u8]) -> (usize, &[u8]) {
+        assert!(piece.len() <= PIECE && piece.len() * Self::MAX_GROWTH < self.buffer.len());
+        // (What a conversion that converts nothing leaves.)
+        self.buffer[0] = 0;
+        // SAFETY: the conversion reads the piece's bytes, writes at most MAX_GROWTH times as many
+        // and a NUL into the buffer (checked above), and with noError returns how many bytes it
+        // converted.
+        let converted = unsafe {
+            pg_sys::pg_do_encoding_conversion_buf(
+                self.function,
+                self.from,
+                self.to,
+                piece.as_ptr().cast_mut(),
+                piece.len() as i32,
+                self.buffer.as_mut_ptr(),
+                self.buffer.len() as i32,
+                true,
+            )
+        };
+        let converted = (converted.max(0) as usize).min(piece.len());
+        (converted, CStr::from_bytes_until_nul(&self.buffer).map_or(&[][..], CStr::to_bytes))
+    }
+}
+
 /// Server bytes (not ASCII, in an encoding other than UTF-8 and SQL_ASCII) as UTF-8, a character
 /// with no UTF-8 equivalent (WIN1252's 0x81, EUC_JP's user-defined ones: PostgreSQL stores them)
-/// becoming U+FFFD. Converted as PostgreSQL converts, without its ERROR for such a character: a
-/// body that raised it failed the worker's step, every time (stop 57's probe of encodings). In
-/// pieces of at most a MiB, cut between characters, so that the buffer (4 bytes for each byte
-/// converted, PostgreSQL's bound) stays small.
+/// becoming U+FFFD. Before 0.5.34 PostgreSQL's ERROR for such a character failed the worker's
+/// step, every time (stop 57's probe of encodings).
 ///
 /// # Safety
 /// A transaction is open.
 unsafe fn to_utf8_replacing(bytes: &[u8]) -> String {
-    const PIECE: usize = 1 << 20;
-    const MAX_CONVERSION_GROWTH: usize = 4;
-    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
-    // SAFETY: as the caller promises: the lookup reads pg_conversion.
-    let (server, conversion) = unsafe {
-        let server = pg_sys::GetDatabaseEncoding();
-        (server, pg_sys::FindDefaultConversionProc(server, utf8))
-    };
-    if conversion == pg_sys::InvalidOid {
+    // SAFETY: as the caller promises.
+    let server = unsafe { pg_sys::GetDatabaseEncoding() };
+    let Some(mut conversion) = (unsafe { Conversion::find(server, pg_sys::pg_enc::PG_UTF8 as i32, bytes.len()) }) else {
         return String::from_utf8_lossy(bytes).into_owned();
-    }
+    };
     let mut utf8_text = String::with_capacity(bytes.len() + bytes.len() / 2);
-    let mut buffer = vec![0u8; bytes.len().min(PIECE) * MAX_CONVERSION_GROWTH + 1];
     let mut rest = bytes;
     while !rest.is_empty() {
         let piece = if rest.len() <= PIECE {
@@ -91,25 +142,7 @@ unsafe fn to_utf8_replacing(bytes: &[u8]) -> String {
             // SAFETY: `rest` is valid for its length, a text value's bytes (no NUL).
             (unsafe { pg_sys::pg_mbcliplen(rest.as_ptr().cast(), rest.len() as i32, PIECE as i32) }.max(1)) as usize
         };
-        // (What a conversion that converts nothing leaves.)
-        buffer[0] = 0;
-        // SAFETY: the conversion reads `piece` bytes of `rest`, writes at most
-        // MAX_CONVERSION_GROWTH times as many and a NUL into `buffer`, and with noError returns
-        // how many bytes it converted (up to the first it cannot).
-        let converted = unsafe {
-            pg_sys::pg_do_encoding_conversion_buf(
-                conversion,
-                server,
-                utf8,
-                rest.as_ptr().cast_mut(),
-                piece as i32,
-                buffer.as_mut_ptr(),
-                buffer.len() as i32,
-                true,
-            )
-        };
-        let converted = (converted.max(0) as usize).min(piece);
-        let written = CStr::from_bytes_until_nul(&buffer).map_or(&[][..], CStr::to_bytes);
+        let (converted, written) = conversion.convert(&rest[..piece]);
         utf8_text.push_str(&String::from_utf8_lossy(written));
         rest = &rest[converted..];
         if converted < piece {
@@ -131,57 +164,33 @@ pub fn to_server(text: &str) -> ServerText {
     if text.is_ascii() || database_encoding() != Encoding::Other {
         return ServerText(text.as_bytes().to_vec());
     }
-    // SAFETY: the worker writes in a transaction (the conversion's lookup reads pg_conversion).
+    // SAFETY: text is written in a transaction (the conversion's lookup reads pg_conversion).
     unsafe { from_utf8_escaping(text) }
 }
 
 /// UTF-8 as the database's bytes (an encoding other than UTF-8 and SQL_ASCII), a character the
-/// encoding cannot hold escaped. In pieces of at most a MiB, as [`to_utf8_replacing`].
+/// encoding cannot hold escaped.
 ///
 /// # Safety
 /// A transaction is open.
 unsafe fn from_utf8_escaping(text: &str) -> ServerText {
-    const PIECE: usize = 1 << 20;
-    const MAX_CONVERSION_GROWTH: usize = 4;
-    let utf8 = pg_sys::pg_enc::PG_UTF8 as i32;
-    // SAFETY: as the caller promises: the lookup reads pg_conversion.
-    let (server, conversion) = unsafe {
-        let server = pg_sys::GetDatabaseEncoding();
-        (server, pg_sys::FindDefaultConversionProc(utf8, server))
-    };
-    if conversion == pg_sys::InvalidOid {
+    // SAFETY: as the caller promises.
+    let server = unsafe { pg_sys::GetDatabaseEncoding() };
+    let Some(mut conversion) = (unsafe { Conversion::find(pg_sys::pg_enc::PG_UTF8 as i32, server, text.len()) }) else {
         return ServerText(escape_non_ascii(text).into_bytes());
-    }
+    };
     let mut server_text = Vec::with_capacity(text.len());
-    let mut buffer = vec![0u8; text.len().min(PIECE) * MAX_CONVERSION_GROWTH + 1];
     let mut rest = text;
     while !rest.is_empty() {
         let mut piece = rest.len().min(PIECE);
         while !rest.is_char_boundary(piece) {
             piece -= 1;
         }
-        // (What a conversion that converts nothing leaves.)
-        buffer[0] = 0;
-        // SAFETY: the conversion reads `piece` bytes of `rest`, writes at most
-        // MAX_CONVERSION_GROWTH times as many and a NUL into `buffer`, and with noError returns
-        // how many bytes it converted (up to the first character it cannot).
-        let converted = unsafe {
-            pg_sys::pg_do_encoding_conversion_buf(
-                conversion,
-                utf8,
-                server,
-                rest.as_ptr().cast_mut(),
-                piece as i32,
-                buffer.as_mut_ptr(),
-                buffer.len() as i32,
-                true,
-            )
-        };
-        let mut converted = (converted.max(0) as usize).min(piece);
+        let (mut converted, written) = conversion.convert(&rest.as_bytes()[..piece]);
+        server_text.extend_from_slice(written);
         while !rest.is_char_boundary(converted) {
             converted -= 1;
         }
-        server_text.extend_from_slice(CStr::from_bytes_until_nul(&buffer).map_or(&[][..], CStr::to_bytes));
         rest = &rest[converted..];
         if converted < piece {
             // The character there has no equivalent in the database's encoding.
