@@ -35,6 +35,35 @@ pub const RESERVED_HEADERS: [&str; 17] = [
     "outbox-attempt",
 ];
 
+/// Headers a message may not set (a subscription may): those a proxy or a framework in front of a
+/// receiver reads to route the request or change its method, which the signature does not
+/// cover. A producer could send a delivery elsewhere behind the receiver's proxy (stop 58's
+/// probe of privileges). And every `x-forwarded-…` header.
+pub const ROUTING_HEADERS: [&str; 8] = [
+    "forwarded",
+    "x-real-ip",
+    "proxy-authorization",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-original-url",
+    "x-rewrite-url",
+];
+
+/// Whether a message may not set header `name` (in any case): one of [`ROUTING_HEADERS`] or an
+/// `x-forwarded-…` header.
+pub fn routes_a_request(name: &str) -> bool {
+    let lowercase = name.to_ascii_lowercase();
+    ROUTING_HEADERS.contains(&lowercase.as_str()) || lowercase.starts_with("x-forwarded-")
+}
+
+/// Whose headers: a subscription's (an operator's) or a message's (a producer's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadersOf {
+    Subscription,
+    Message,
+}
+
 /// At most this many extra headers ...
 pub const MAX_HEADERS: usize = 16;
 /// ... of at most this many bytes, names and values together.
@@ -112,8 +141,9 @@ fn is_host_name(host: &str) -> bool {
 }
 
 /// Extra headers: a JSON object of at most 16 string values (8 KiB in all) with valid header
-/// names the worker does not set itself, and printable ASCII values.
-pub fn check_headers(headers: &serde_json::Value) -> Result<(), Problem> {
+/// names the worker does not set itself (nor, for a message, [`ROUTING_HEADERS`]), and
+/// printable ASCII values.
+pub fn check_headers(headers: &serde_json::Value, of: HeadersOf) -> Result<(), Problem> {
     let object = headers.as_object().ok_or("must be a JSON object of header names to string values")?;
     if object.len() > MAX_HEADERS {
         return Err(format!("has {} headers; at most {MAX_HEADERS} are allowed", object.len()).into());
@@ -131,6 +161,9 @@ pub fn check_headers(headers: &serde_json::Value) -> Result<(), Problem> {
         }
         if RESERVED_HEADERS.contains(&lowercase.as_str()) {
             return Err(format!("may not set {name:?}: the worker sets it").into());
+        }
+        if of == HeadersOf::Message && routes_a_request(name) {
+            return Err(format!("of a message may not set {name:?}: a proxy in front of a receiver may route by it, unsigned").into());
         }
         // HTTP header names ignore case: both would be sent, and receivers keep one or the other.
         if !names.insert(lowercase) {
@@ -150,19 +183,19 @@ pub fn check_headers(headers: &serde_json::Value) -> Result<(), Problem> {
     Ok(())
 }
 
-/// The jsonb argument `n` of `function`, named `headers`: NULL for none, else what a
-/// subscription's extra headers may be (else an ERROR).
-pub fn check_headers_argument(function: &'static str, args: &Args, n: usize) {
+/// The jsonb argument `n` of `function`, named `headers`: NULL for none, else what the extra
+/// headers of `of` may be (else an ERROR).
+pub fn check_headers_argument(function: &'static str, args: &Args, n: usize, of: HeadersOf) {
     if let Some(headers) = args.jsonb_text(n) {
-        or_raise(check_headers_text(&headers).map_err(|why| OutboxError::invalid(function, "headers", why)));
+        or_raise(check_headers_text(&headers, of).map_err(|why| OutboxError::invalid(function, "headers", why)));
     }
 }
 
 /// [`check_headers`] of jsonb's text. What serde cannot read (a number beyond a double, nesting
 /// deeper than 128) is no object of string values either: say so, with why it was not read.
-fn check_headers_text(headers: &str) -> Result<(), Problem> {
+fn check_headers_text(headers: &str, of: HeadersOf) -> Result<(), Problem> {
     match serde_json::from_str::<serde_json::Value>(headers) {
-        Ok(headers) => check_headers(&headers),
+        Ok(headers) => check_headers(&headers, of),
         Err(unread) => {
             Err(format!("must be a JSON object of header names to string values (this one holds a value that cannot be read: {unread})")
                 .into())
@@ -180,7 +213,7 @@ sql_function!(outbox_check_subscription_wrapper, pg_finfo_outbox_check_subscript
     if let Some(secret) = args.text(1) {
         or_raise(webhook::decode_secret(&secret).map(drop).map_err(|why| OutboxError::invalid(FUNCTION, "secret", why)));
     }
-    check_headers_argument(FUNCTION, &args, 2);
+    check_headers_argument(FUNCTION, &args, 2, HeadersOf::Subscription);
     pg_sys::Datum::from(0)
 });
 
@@ -310,35 +343,44 @@ mod unit_tests {
 
     #[test]
     fn says_why_headers_it_cannot_read_are_refused() {
-        let why = check_headers_text(r#"{"x": "1", "y": 1e400}"#).unwrap_err().to_string();
+        let why = check_headers_text(r#"{"x": "1", "y": 1e400}"#, HeadersOf::Message).unwrap_err().to_string();
         assert!(why.contains("cannot be read: number out of range"), "{why}");
-        assert_eq!(check_headers_text(r#"{"X-Team": "7"}"#), Ok(()));
+        assert_eq!(check_headers_text(r#"{"X-Team": "7"}"#, HeadersOf::Message), Ok(()));
     }
 
     #[test]
     fn checks_headers() {
-        assert_eq!(check_headers(&json!({})), Ok(()));
-        assert_eq!(check_headers(&json!({"Authorization": "Bearer x", "X-Team": "7"})), Ok(()));
-        assert!(check_headers(&json!(["a"])).is_err());
-        assert!(check_headers(&json!({"X-Count": 7})).is_err());
-        assert!(check_headers(&json!({"bad name": "x"})).is_err());
-        assert!(check_headers(&json!({"X-Evil": "a\r\nInjected: 1"})).is_err());
-        assert!(check_headers(&json!({"X-Name": "Müller"})).is_err());
-        assert!(check_headers(&json!({"X-Team": "7", "x-team": "8"})).is_err());
+        assert_eq!(check_headers(&json!({}), HeadersOf::Subscription), Ok(()));
+        assert_eq!(check_headers(&json!({"Authorization": "Bearer x", "X-Team": "7"}), HeadersOf::Subscription), Ok(()));
+        assert!(check_headers(&json!(["a"]), HeadersOf::Subscription).is_err());
+        assert!(check_headers(&json!({"X-Count": 7}), HeadersOf::Subscription).is_err());
+        assert!(check_headers(&json!({"bad name": "x"}), HeadersOf::Subscription).is_err());
+        assert!(check_headers(&json!({"X-Evil": "a\r\nInjected: 1"}), HeadersOf::Subscription).is_err());
+        assert!(check_headers(&json!({"X-Name": "Müller"}), HeadersOf::Subscription).is_err());
+        assert!(check_headers(&json!({"X-Team": "7", "x-team": "8"}), HeadersOf::Subscription).is_err());
     }
 
     #[test]
     fn every_header_the_worker_sets_is_reserved_in_any_case() {
         for name in ["Webhook-Signature", "outbox-attempt", "OUTBOX-TOPIC", "User-Agent", "Connection", "Host"] {
-            assert!(check_headers(&json!({ name: "x" })).is_err(), "{name}");
+            assert!(check_headers(&json!({ name: "x" }), HeadersOf::Subscription).is_err(), "{name}");
         }
+    }
+
+    #[test]
+    fn a_message_may_not_set_the_headers_a_proxy_routes_by() {
+        for name in ["Forwarded", "X-Forwarded-Host", "x-forwarded-for", "X-Real-IP", "Proxy-Authorization", "X-HTTP-Method-Override"] {
+            assert!(check_headers(&json!({ name: "x" }), HeadersOf::Message).is_err(), "{name}");
+            assert_eq!(check_headers(&json!({ name: "x" }), HeadersOf::Subscription), Ok(()), "{name}");
+        }
+        assert_eq!(check_headers(&json!({"Authorization": "Bearer x", "traceparent": "00-x"}), HeadersOf::Message), Ok(()));
     }
 
     #[test]
     fn headers_are_bounded() {
         let many: serde_json::Map<String, serde_json::Value> = (0..17).map(|n| (format!("X-H{n}"), json!("v"))).collect();
-        assert!(check_headers(&serde_json::Value::Object(many)).is_err());
-        assert!(check_headers(&json!({"X-Big": "v".repeat(8193)})).is_err());
-        assert_eq!(check_headers(&json!({"X-Big": "v".repeat(8000)})), Ok(()));
+        assert!(check_headers(&serde_json::Value::Object(many), HeadersOf::Subscription).is_err());
+        assert!(check_headers(&json!({"X-Big": "v".repeat(8193)}), HeadersOf::Subscription).is_err());
+        assert_eq!(check_headers(&json!({"X-Big": "v".repeat(8000)}), HeadersOf::Subscription), Ok(()));
     }
 }

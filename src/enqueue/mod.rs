@@ -104,7 +104,7 @@ sql_function!(outbox_enqueue_c, pg_finfo_outbox_enqueue_c, |args| {
             check_key(FUNCTION, argument, key);
         }
     }
-    subscriptions::check_headers_argument(FUNCTION, &args, 5);
+    subscriptions::check_headers_argument(FUNCTION, &args, 5, subscriptions::HeadersOf::Message);
 
     // When this transaction commits, an idle delivery worker that delivers the topic starts at
     // once.

@@ -242,9 +242,10 @@ pub fn send(agent: &ureq::Agent, endpoint: &Endpoint, message: &Message) -> Answ
         request = request.header(name, value);
     }
     // The producer's headers, except those the subscription sets itself (its credentials, say,
-    // are the administrator's, not a producer's to replace).
+    // are the administrator's, not a producer's to replace), and those a proxy routes by (a
+    // message enqueued before 0.5.35 refused them may have them).
     for (name, value) in &message.headers {
-        if !endpoint.headers.iter().any(|(own, _)| own.eq_ignore_ascii_case(name)) {
+        if !endpoint.headers.iter().any(|(own, _)| own.eq_ignore_ascii_case(name)) && !crate::subscriptions::routes_a_request(name) {
             request = request.header(name, value);
         }
     }

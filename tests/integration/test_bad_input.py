@@ -75,6 +75,10 @@ CASES = [
     # A header named twice in different cases: HTTP names ignore case, so both were sent (0.5.15).
     ("outbox_subscribe('t.x', 'http://127.0.0.1:9/', headers => '{\"X-Team\": \"7\", \"x-team\": \"8\"}')", INVALID, "headers"),
     ("outbox_enqueue('booking.created', '{}', headers => '{\"X-Team\": \"7\", \"X-TEAM\": \"8\"}')", INVALID, "headers"),
+    # A producer may not set what a proxy in front of the receiver routes by (stop 58's probe).
+    ("outbox_enqueue('booking.created', '{}', headers => '{\"X-Forwarded-Host\": \"internal.admin\"}')", INVALID, "headers"),
+    ("outbox_enqueue('booking.created', '{}', headers => '{\"Forwarded\": \"host=internal\"}')", INVALID, "headers"),
+    ("outbox_enqueue('booking.created', '{}', headers => '{\"X-HTTP-Method-Override\": \"DELETE\"}')", INVALID, "headers"),
     # Arrays of more than one dimension, which the error table refuses (0.5.15 took them flat,
     # or failed with PostgreSQL's 0A000 naming no function).
     ("outbox_claim(10, ARRAY[['booking.created'], ['invoice.paid']])", INVALID, "topics"),

@@ -552,6 +552,20 @@ def test_a_producers_headers_travel_with_the_message_to_consumers_and_endpoints(
     assert request["headers"]["x-tenant"] == "admin-set"
 
 
+def test_a_header_a_proxy_routes_by_stored_before_it_was_refused_is_not_sent(worker, receivers):
+    """Since 0.5.35 a message may not set X-Forwarded-Host and the like (a producer could
+    re-route a delivery behind the receiver's proxy: stop 58's probe of privileges); a message
+    enqueued before keeps them in its row, and the worker leaves them out."""
+    db = worker
+    receiver = receivers()
+    db.execute("SELECT outbox_subscribe('audit.routed', %s)", (receiver.url,))
+    db.execute("""INSERT INTO outbox (topic, payload, headers)
+                  VALUES ('audit.routed', '{}', '{"X-Forwarded-Host": "internal.admin", "x-tenant": "7"}')""")
+    (request,) = receiver.wait_for(1)
+    assert request["headers"]["x-tenant"] == "7"
+    assert "x-forwarded-host" not in request["headers"]
+
+
 @pytest.mark.parametrize(
     "headers",
     [
