@@ -218,6 +218,32 @@ GRANT EXECUTE ON FUNCTION outbox_purge(interval, boolean, integer), outbox_archi
     TO outbox_worker;
 GRANT EXECUTE ON FUNCTION outbox_release_keys(text[]), outbox_release_delivery_keys(bigint[], text[]) TO outbox_worker;
 
+-- A role that may create objects in the extension's schema can plant there an overload that a
+-- call with untyped literals resolves to, run with its caller's rights: an administrator's
+-- outbox_subscribe would hand it the secret (stop 58's probe of privileges). PostgreSQL 15
+-- grants no one CREATE on public; say so when someone has it (docs/security.md).
+DO $$
+DECLARE
+    creators text;
+BEGIN
+    SELECT pg_catalog.string_agg(CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                                      ELSE pg_catalog.quote_ident(r.rolname) END, ', ' ORDER BY r.rolname)
+      INTO creators
+      FROM pg_catalog.pg_namespace n
+     CROSS JOIN LATERAL pg_catalog.aclexplode(n.nspacl) a
+      LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+     WHERE n.oid OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace::pg_catalog.oid
+       AND a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+       AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner
+       AND NOT COALESCE(r.rolsuper, false);
+    IF creators IS NOT NULL THEN
+        RAISE WARNING 'outbox_ext: % may create objects in the schema of outbox_ext', creators
+            USING DETAIL = 'A function created there with the name of one of the extension''s runs with the rights of whoever calls it by that name, an administrator included.',
+                  HINT = 'REVOKE CREATE on that schema, or put the extension in a schema of its own (docs/security.md).';
+    END IF;
+END
+$$;
+
 -- This database's delivery worker starts when CREATE EXTENSION (or ALTER EXTENSION UPDATE)
 -- commits.
 SELECT @extschema@.outbox_wake_worker_at_commit();

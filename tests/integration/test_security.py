@@ -7,7 +7,7 @@ import psycopg
 import pytest
 
 from conftest import connect, enqueue_many
-from support import eventually
+from support import eventually, recreate_database
 from support.cluster import ScratchCluster
 
 # A cluster of its own, where the extension's roles do not exist yet.
@@ -391,6 +391,32 @@ def test_a_role_with_no_grants_cannot_wake_the_worker(db, roles):
             nobody.execute("SELECT outbox_wake_worker_at_commit()")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             nobody.execute("SELECT outbox_generate_secret()")
+
+
+def test_create_extension_warns_when_others_may_create_objects_in_its_schema(db):
+    """Whoever may create objects in the extension's schema can plant an overload that an
+    administrator's call with untyped literals resolves to, run with the administrator's
+    rights: an outbox_subscribe handed it the secret (stop 58's probe of privileges). PostgreSQL
+    15 and later grant no one CREATE on public; when someone has it, CREATE EXTENSION says so."""
+    database = "outbox_open_schema"
+    recreate_database(database)
+    try:
+        with psycopg.connect(dbname=database, autocommit=True) as admin:
+            warnings = []
+            # (A notice's fields are read in the handler: the object is empty after it.)
+            admin.add_notice_handler(lambda n: warnings.append((n.severity_nonlocalized, n.message_primary, n.message_hint)))
+            admin.execute("CREATE EXTENSION outbox_ext")
+            assert warnings == [], "public as PostgreSQL makes it: nothing to say"
+            admin.execute("DROP EXTENSION outbox_ext")
+            admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+            admin.execute("CREATE EXTENSION outbox_ext")
+            (warning,) = [w for w in warnings if w[0] == "WARNING"]
+            assert warning[1] == "outbox_ext: PUBLIC may create objects in the schema of outbox_ext"
+            assert "REVOKE CREATE" in warning[2]
+    finally:
+        recreate_database(database)
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
 
 
 def test_roles_made_in_advance_by_a_role_with_createrole_are_refused():
