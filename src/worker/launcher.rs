@@ -243,9 +243,16 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
                 None => Some(WaitReason::NoBackgroundWorkerSlot),
             }
         };
-        // Only databases known to have the extension wait visibly; unknown ones are looked at
-        // when there is room.
-        if let (Some(reason), HasExtension::Yes) = (reason, database.has_extension) {
+        // Databases known to have the extension wait visibly; unknown ones are looked at when
+        // there is room, but for want of a background worker slot: then there is no room to
+        // look either (after a restart every database is unknown: one that got no slot was
+        // shown nowhere and named in no WARNING, stop 58's probe of crashes).
+        let shown = match (reason, database.has_extension) {
+            (Some(reason), HasExtension::Yes) => Some(reason),
+            (Some(WaitReason::NoBackgroundWorkerSlot), HasExtension::Unknown) => Some(WaitReason::NoBackgroundWorkerSlot),
+            _ => None,
+        };
+        if let Some(reason) = shown {
             waiting.push((oid, reason));
             if !database.warned_waiting {
                 let why = match reason {
@@ -253,7 +260,8 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
                     WaitReason::NoBackgroundWorkerSlot => "no background worker slot is free (raise max_worker_processes)".into(),
                     WaitReason::LastWorkerFailed => "its last worker failed; it starts again after a pause".into(),
                 };
-                pgrx::warning!("outbox_ext: database \"{}\" has no delivery worker: {why}", database.name);
+                let whether = if database.has_extension == HasExtension::Yes { "" } else { " (if it has outbox_ext)" };
+                pgrx::warning!("outbox_ext: database \"{}\" has no delivery worker{whether}: {why}", database.name);
                 database.warned_waiting = true;
             }
         }

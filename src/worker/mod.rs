@@ -342,16 +342,23 @@ impl Worker {
                 }
             } else if self.settings.enabled && !self.waiting_for_update {
                 // (Its statements are the new library's: an older schema waits for its update.)
+                // Each may wait its lock_timeout: none starts once the worker is asked to stop
+                // (a SIGTERM during the step went on to all three, and the worker took 28 s to
+                // stop beside a lock: stop 58's probe of crashes).
                 let slot = self.slot;
-                let stop = || registry::must_leave_now(slot) || shutdown_requested();
-                self.housekeeping.archive_if_due(schema, stop);
-                if self.settings.compaction && self.housekeeping.compact_if_due(schema) {
+                let stop = || registry::must_leave_now(slot) || shutdown_requested() || registry::must_drain(slot);
+                if !stop() {
+                    self.housekeeping.archive_if_due(schema, stop);
+                }
+                if !stop() && self.settings.compaction && self.housekeeping.compact_if_due(schema) {
                     registry::update(slot, |s| {
                         s.compactions += 1;
                         s.last_compaction_at = crate::backend::now();
                     });
                 }
-                self.housekeeping.purge_if_due(schema, self.settings.retention, stop);
+                if !stop() {
+                    self.housekeeping.purge_if_due(schema, self.settings.retention, stop);
+                }
             }
             self.endpoints.allow_continuing(
                 self.claiming() && !self.waiting_for_update,

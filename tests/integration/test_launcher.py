@@ -12,6 +12,7 @@ from support.cluster import ScratchCluster, pg_program
 from support.receiver import Receiver
 
 PORT = 25342
+SLOTS_PORT = 25345
 CURRENT = CURRENT_VERSION
 # The latest release before the library's version (its install script is frozen in sql/versions/).
 PREVIOUS = released_versions()[-1]
@@ -275,6 +276,33 @@ def test_more_databases_than_max_workers_are_named_and_wait(cluster, receiver):
         eventually(lambda: waiting in cluster.worker_pids(), timeout=10, what="the waiting database's worker")
     finally:
         cluster.configure(**{"outbox.max_workers": "8"})
+
+
+def test_after_a_restart_a_database_without_a_background_worker_slot_is_named_and_waits():
+    """After a restart the launcher knows of no database whether it has outbox_ext. One that
+    got no background worker slot (max_worker_processes) was shown nowhere and named in no
+    WARNING: its messages waited in silence (stop 58's probe of crashes). It waits visibly,
+    "if it has outbox_ext"."""
+    # The launcher, PostgreSQL's logical replication launcher and one worker.
+    cluster = ScratchCluster(SLOTS_PORT, conf="max_worker_processes = 3").start()
+    try:
+        for name in ("first", "second"):
+            cluster.create_database(name)
+        eventually(lambda: len(cluster.worker_pids()) == 1, what="one worker")
+        offset = cluster.server_log.stat().st_size
+        cluster.pg_ctl("restart", "-m", "fast")
+        eventually(lambda: len(cluster.worker_pids()) == 1, timeout=30, what="one worker after the restart")
+        waiting = ({"first", "second"} - set(cluster.worker_pids())).pop()
+
+        def shown_waiting():
+            with cluster.connect(waiting) as conn:
+                return conn.execute("SELECT pid, state FROM outbox_worker_status() WHERE database = %s", (waiting,)).fetchall()
+
+        assert eventually(shown_waiting, what="the database shown waiting") == [(None, "waiting: no background worker slot (max_worker_processes)")]
+        assert (f'database "{waiting}" has no delivery worker (if it has outbox_ext): no background worker slot is free'
+                in log_since(cluster, offset))
+    finally:
+        cluster.remove()
 
 
 def test_a_database_whose_extension_was_dropped_is_not_named_as_waiting(cluster, receiver):
