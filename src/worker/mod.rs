@@ -609,6 +609,9 @@ impl Worker {
             WorkerState::WaitingForUpdate
         } else if !self.settings.enabled {
             WorkerState::Disabled
+        } else if self.retry_at.is_some() {
+            // (It said idle while a held lock failed every step: stop 58's probe of crashes.)
+            WorkerState::Retrying
         } else if in_flight > 0 {
             WorkerState::Delivering
         } else {

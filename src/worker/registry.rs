@@ -33,6 +33,8 @@ pub enum WorkerState {
     Draining,
     /// The database's extension is older than the library.
     WaitingForUpdate,
+    /// Its last step failed (a lock held past lock_timeout, say): tried again after a pause.
+    Retrying,
 }
 
 impl WorkerState {
@@ -44,6 +46,7 @@ impl WorkerState {
             WorkerState::Delivering => "delivering",
             WorkerState::Draining => "stopping: finishing the requests in flight",
             WorkerState::WaitingForUpdate => "waiting for ALTER EXTENSION outbox_ext UPDATE",
+            WorkerState::Retrying => "retrying: its last step failed (see the server log)",
         }
     }
 }

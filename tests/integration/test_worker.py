@@ -695,6 +695,23 @@ def test_a_worker_stopped_beside_a_lock_leaves_at_its_steps_lock_timeout(worker,
     eventually(lambda: receiver.requests, timeout=30, what="delivery by the next worker")
 
 
+def test_a_worker_whose_steps_fail_says_so_in_its_state(worker, receiver):
+    """A lock held past the worker's lock_timeout fails every step, and it said `idle` all
+    along (stop 58's probe of crashes)."""
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+
+    def state():
+        return worker.execute("SELECT state FROM outbox_worker_status() WHERE database = current_database()").fetchone()[0]
+
+    with connect() as locker:
+        locker.execute("LOCK TABLE outbox_delivery IN ACCESS EXCLUSIVE MODE")
+        worker.execute("SELECT outbox_enqueue('booking.created', '{}')")
+        eventually(lambda: state() == "retrying: its last step failed (see the server log)", timeout=30,
+                   what="the worker's state to say its steps fail")
+    eventually(lambda: receiver.requests, timeout=30, what="the delivery once the lock is gone")
+    eventually(lambda: state() in ("idle", "delivering"), what="the state back to normal")
+
+
 def test_a_serializable_default_does_not_break_the_worker(worker, receiver):
     """0.3.0 ran its transactions at the database's default isolation: with `serializable`
     and SQL consumers beside it, it hit 40001, exited and restarted every 5 s."""
