@@ -161,11 +161,14 @@ unsafe fn to_utf8_replacing(bytes: &[u8]) -> String {
 /// in LATIN1), so that writing never fails. Until 0.5.35 every character outside ASCII was
 /// escaped in such a database (LATIN1's `ü` too).
 pub fn to_server(text: &str) -> ServerText {
-    if text.is_ascii() || database_encoding() != Encoding::Other {
-        return ServerText(text.as_bytes().to_vec());
+    match database_encoding() {
+        Encoding::Utf8 | Encoding::SqlAscii => ServerText(text.as_bytes().to_vec()),
+        Encoding::Other if text.is_ascii() => ServerText(text.as_bytes().to_vec()),
+        // SAFETY: a transaction is open (the conversion's lookup reads pg_conversion).
+        Encoding::Other if unsafe { pg_sys::IsTransactionState() } => unsafe { from_utf8_escaping(text) },
+        // (Outside a transaction, where PostgreSQL cannot look a conversion up, as from_server.)
+        Encoding::Other => ServerText(escape_non_ascii(text).into_bytes()),
     }
-    // SAFETY: text is written in a transaction (the conversion's lookup reads pg_conversion).
-    unsafe { from_utf8_escaping(text) }
 }
 
 /// UTF-8 as the database's bytes (an encoding other than UTF-8 and SQL_ASCII), a character the

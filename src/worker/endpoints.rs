@@ -299,8 +299,8 @@ impl Slots {
     }
 
     /// The most that may be in flight when `endpoint`, with `before` in flight, starts one
-    /// more: a healthy endpoint's first one may take a kept slot; its others, and a failing
-    /// endpoint's probe, only what the endpoints sending may have. (A probe, its endpoint's
+    /// more: a trusted endpoint's first one may take a kept slot; its others, and a failing
+    /// endpoint's probe (or one that failed lately), only what the endpoints sending may have. (A probe, its endpoint's
     /// first request each time, took kept slots too: 8 endpoints that hang took all 8, and the
     /// healthy ones got one request per timeout: stop 57's probe of hostile receivers.)
     fn limit_for(&self, endpoint: &EndpointState, before: usize) -> usize {

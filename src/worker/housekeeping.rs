@@ -63,9 +63,9 @@ impl Housekeeping {
 
     /// Compacts the hot tables when `outbox_compact` finds it worth it (a held-back horizon has
     /// left them large), at most once a second, in a transaction of its own. Whether it did
-    /// (the function itself logs what it did).
-    pub fn compact_if_due(&mut self, schema: pg_sys::Oid) -> bool {
-        if !due(&mut self.last_compact, COMPACT_INTERVAL) {
+    /// (the function itself logs what it did). Not once `stop` says so.
+    pub fn compact_if_due(&mut self, schema: pg_sys::Oid, stop: impl Fn() -> bool) -> bool {
+        if stop() || !due(&mut self.last_compact, COMPACT_INTERVAL) {
             return false;
         }
         match count_in_transaction(&COMPACT, schema, Vec::new) {
@@ -170,8 +170,9 @@ struct Batches {
 
 impl Batches {
     /// Runs `statement` with the `leading` arguments and the batch size, until a batch is not
-    /// full, `count` ran, or `stop` says so; returns the rows handled. A failure ends the pass
-    /// with a warning: the next pass tries again.
+    /// full, `count` ran, or `stop` says so (before the first too: each batch may wait its
+    /// lock_timeout); returns the rows handled. A failure ends the pass with a warning: the next
+    /// pass tries again.
     fn run(
         &self,
         statement: &'static Statement,
@@ -181,6 +182,9 @@ impl Batches {
     ) -> i64 {
         let mut total = 0;
         for _ in 0..self.count {
+            if stop() {
+                break;
+            }
             let arguments = || {
                 let mut arguments = leading();
                 arguments.push(self.rows.into_datum());
@@ -190,7 +194,7 @@ impl Batches {
                 Ok(handled) => {
                     let handled = handled.unwrap_or(0);
                     total += handled;
-                    if handled < i64::from(self.rows) || stop() {
+                    if handled < i64::from(self.rows) {
                         break;
                     }
                 }

@@ -248,8 +248,7 @@ fn round(databases: &mut BTreeMap<u32, Database>, named_but_missing: &mut BTreeS
         // look either (after a restart every database is unknown: one that got no slot was
         // shown nowhere and named in no WARNING, stop 58's probe of crashes).
         let shown = match (reason, database.has_extension) {
-            (Some(reason), HasExtension::Yes) => Some(reason),
-            (Some(WaitReason::NoBackgroundWorkerSlot), HasExtension::Unknown) => Some(WaitReason::NoBackgroundWorkerSlot),
+            (Some(reason), HasExtension::Yes) | (Some(reason @ WaitReason::NoBackgroundWorkerSlot), HasExtension::Unknown) => Some(reason),
             _ => None,
         };
         if let Some(reason) = shown {

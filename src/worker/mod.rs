@@ -347,18 +347,14 @@ impl Worker {
                 // stop beside a lock: stop 58's probe of crashes).
                 let slot = self.slot;
                 let stop = || registry::must_leave_now(slot) || shutdown_requested() || registry::must_drain(slot);
-                if !stop() {
-                    self.housekeeping.archive_if_due(schema, stop);
-                }
-                if !stop() && self.settings.compaction && self.housekeeping.compact_if_due(schema) {
+                self.housekeeping.archive_if_due(schema, stop);
+                if self.settings.compaction && self.housekeeping.compact_if_due(schema, stop) {
                     registry::update(slot, |s| {
                         s.compactions += 1;
                         s.last_compaction_at = crate::backend::now();
                     });
                 }
-                if !stop() {
-                    self.housekeeping.purge_if_due(schema, self.settings.retention, stop);
-                }
+                self.housekeeping.purge_if_due(schema, self.settings.retention, stop);
             }
             self.endpoints.allow_continuing(
                 self.claiming() && !self.waiting_for_update,
