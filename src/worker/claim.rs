@@ -238,7 +238,8 @@ pub fn claim_for_endpoint(
     // Oldest due first, as they were locked.
     claimed.sort_by_key(|c| chosen.iter().position(|&id| id == c.message_id));
     let start_by = started + start_within;
-    claimed.into_iter().map(|delivery| Queued { delivery, start_by }).collect()
+    // The first `at_once` start before any other queued delivery (Endpoints::start_queued).
+    claimed.into_iter().enumerate().map(|(index, delivery)| Queued { delivery, start_by, at_once: index < size.at_once }).collect()
 }
 
 /// Hands back deliveries leased but not sent (in a transaction): due again, their attempt not

@@ -343,7 +343,7 @@ mod unit_tests {
         let queue = EndpointQueue::new(endpoint(&url));
         let start_by = Instant::now() + Duration::from_secs(60);
         for id in 2..=20 {
-            queue.push_back(Queued { delivery: delivery(id), start_by });
+            queue.push_back(Queued { delivery: delivery(id), start_by, at_once: false });
         }
         queue.allow_continuing(true);
         pool.send(vec![delivery(1)], |_| Arc::clone(&queue));
@@ -377,7 +377,7 @@ mod unit_tests {
         let queue = EndpointQueue::new(endpoint(&url));
         let start_by = Instant::now() + Duration::from_secs(60);
         for id in 2..=5 {
-            queue.push_back(Queued { delivery: delivery(id), start_by });
+            queue.push_back(Queued { delivery: delivery(id), start_by, at_once: false });
         }
         queue.allow_continuing(true);
         pool.send(vec![delivery(1)], |_| Arc::clone(&queue));
@@ -401,7 +401,7 @@ mod unit_tests {
         let queue = EndpointQueue::new(endpoint(&url));
         let start_by = Instant::now() + Duration::from_secs(60);
         for id in 9..=2000 {
-            queue.push_back(Queued { delivery: delivery(id), start_by });
+            queue.push_back(Queued { delivery: delivery(id), start_by, at_once: false });
         }
         queue.allow_continuing(true);
         pool.send((1..=8).map(delivery).collect(), |_| Arc::clone(&queue));

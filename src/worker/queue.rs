@@ -20,6 +20,9 @@ pub struct Queued {
     pub delivery: Claimed,
     /// It starts by then or not at all (see [`super::endpoints::lease_for`]).
     pub start_by: Instant,
+    /// Its claim leased it to start at once, in a free slot promised to it
+    /// ([`super::endpoints::ClaimSize::at_once`]); it starts before any other queued delivery.
+    pub at_once: bool,
 }
 
 impl Queued {
@@ -58,6 +61,11 @@ impl EndpointQueue {
 
     pub fn push_back(&self, queued: Queued) {
         self.deliveries().push_back(queued);
+    }
+
+    /// Whether the next delivery was leased to start at once.
+    pub fn next_is_at_once(&self) -> bool {
+        self.deliveries().front().is_some_and(|next| next.at_once)
     }
 
     pub fn pop_front(&self) -> Option<Queued> {
@@ -134,6 +142,7 @@ mod unit_tests {
             queue.push_back(Queued {
                 delivery: Claimed { message_id: n as i64, subscription_id: 1, lease_until: 0, message: Arc::clone(&message) },
                 start_by,
+                at_once: false,
             });
         }
         queue
