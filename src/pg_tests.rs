@@ -216,7 +216,7 @@ mod tests {
             .map(|(s, e)| (s.unwrap(), e.unwrap()))
             .unwrap();
         assert_eq!(status, "DEAD");
-        assert!(error.contains("lease expired without an outcome after 3 deliveries"), "{error}");
+        assert!(error.contains("lease expired without an outcome after 3 attempts"), "{error}");
     }
 
     #[pg_test]

@@ -70,7 +70,7 @@ impl RetryPolicy {
     /// hung), or, held by none, the limit was lowered.
     pub fn exhausted_reason(&self, attempts: i32, holder: Option<&str>) -> String {
         match holder {
-            Some(holder) => format!("lease expired without an outcome after {attempts} deliveries (did the {holder} crash?)"),
+            Some(holder) => format!("lease expired without an outcome after {attempts} attempts (did the {holder} crash?)"),
             None => format!("attempts ({attempts}) reached outbox.max_attempts ({})", self.max_attempts),
         }
     }
@@ -161,7 +161,7 @@ mod unit_tests {
         assert!(policy.is_last_attempt_next(7));
         assert_eq!(
             policy.exhausted_reason(3, Some("consumer")),
-            "lease expired without an outcome after 3 deliveries (did the consumer crash?)"
+            "lease expired without an outcome after 3 attempts (did the consumer crash?)"
         );
         assert!(policy.exhausted_reason(8, Some("delivery worker")).ends_with("(did the delivery worker crash?)"));
         assert_eq!(policy.exhausted_reason(9, None), "attempts (9) reached outbox.max_attempts (8)");

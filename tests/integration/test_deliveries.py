@@ -581,7 +581,7 @@ def test_a_delivery_dead_lettered_after_the_limit_was_lowered_says_so(fast_worke
                what="both dead-lettered")
     reason = dict(db.execute("SELECT message_id, last_error FROM outbox_delivery WHERE subscription_id = %s", (endpoint,)).fetchall())
     assert reason[answered] == "attempts (3) reached outbox.max_attempts (3); last error: HTTP 500"
-    assert reason[unanswered].startswith("lease expired without an outcome after 3 deliveries (did the delivery worker crash?)"), reason
+    assert reason[unanswered].startswith("lease expired without an outcome after 3 attempts (did the delivery worker crash?)"), reason
     assert receiver.requests == []
 
 
