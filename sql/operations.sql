@@ -278,8 +278,10 @@ AS $$
       FROM @extschema@.outbox_subscription s
       LEFT JOIN LATERAL (
             SELECT count(*) AS pending,
-                   count(*) FILTER (WHERE d.available_at <= clock_timestamp() AND NOT d.leased AND d.waiting_for IS NULL) AS ready,
-                   count(*) FILTER (WHERE d.leased) AS in_flight,
+                   -- A lease that ran out (its worker stopped, or handed it back too late) is
+                   -- due again, not in flight: it showed in flight for good (stop 59's probe).
+                   count(*) FILTER (WHERE d.available_at <= clock_timestamp() AND d.waiting_for IS NULL) AS ready,
+                   count(*) FILTER (WHERE d.leased AND d.available_at > clock_timestamp()) AS in_flight,
                    count(*) FILTER (WHERE NOT d.leased AND d.attempts > 0 AND d.waiting_for IS NULL
                                         AND d.available_at > clock_timestamp()) AS retrying,
                    clock_timestamp() - min(m.created_at) AS oldest_pending_age

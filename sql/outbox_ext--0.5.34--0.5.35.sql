@@ -68,6 +68,18 @@ $keep_grants$;
 -- ======== sql/schema.sql, what is new in 0.5.35 ========
 -- ======== new in 0.5.35 (scripts/make-upgrade-script.sh copies from here to the end) ========
 
+-- A lease that ran out is not in flight (its delivery is due again): one whose worker stopped,
+-- or handed it back too late, showed in flight for good.
+CREATE OR REPLACE VIEW outbox_deliveries AS
+SELECT d.message_id, d.subscription_id, m.public_id, m.topic, s.url, d.status, d.attempts,
+       d.available_at, (d.leased AND d.available_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS in_flight,
+       d.last_error,
+       CASE WHEN d.status OPERATOR(pg_catalog.=) 'DONE'::outbox_status THEN d.processed_at END AS delivered_at,
+       d.processed_at, d.created_at
+  FROM outbox_delivery d
+  JOIN outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
+  JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) d.subscription_id;
+
 -- ======== sql/helpers.sql ========
 -- Checks written in Rust (src/topic.rs, src/subscriptions.rs) that the schema and the SQL
 -- functions use. C functions, so that they read text in any database encoding. Not for
@@ -838,8 +850,10 @@ AS $$
       FROM @extschema@.outbox_subscription s
       LEFT JOIN LATERAL (
             SELECT count(*) AS pending,
-                   count(*) FILTER (WHERE d.available_at <= clock_timestamp() AND NOT d.leased AND d.waiting_for IS NULL) AS ready,
-                   count(*) FILTER (WHERE d.leased) AS in_flight,
+                   -- A lease that ran out (its worker stopped, or handed it back too late) is
+                   -- due again, not in flight: it showed in flight for good (stop 59's probe).
+                   count(*) FILTER (WHERE d.available_at <= clock_timestamp() AND d.waiting_for IS NULL) AS ready,
+                   count(*) FILTER (WHERE d.leased AND d.available_at > clock_timestamp()) AS in_flight,
                    count(*) FILTER (WHERE NOT d.leased AND d.attempts > 0 AND d.waiting_for IS NULL
                                         AND d.available_at > clock_timestamp()) AS retrying,
                    clock_timestamp() - min(m.created_at) AS oldest_pending_age

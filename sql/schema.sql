@@ -487,3 +487,15 @@ ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_rate_limit_ch
 -- ======== new in 0.5.34 ========
 
 -- ======== new in 0.5.35 (scripts/make-upgrade-script.sh copies from here to the end) ========
+
+-- A lease that ran out is not in flight (its delivery is due again): one whose worker stopped,
+-- or handed it back too late, showed in flight for good.
+CREATE OR REPLACE VIEW outbox_deliveries AS
+SELECT d.message_id, d.subscription_id, m.public_id, m.topic, s.url, d.status, d.attempts,
+       d.available_at, (d.leased AND d.available_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS in_flight,
+       d.last_error,
+       CASE WHEN d.status OPERATOR(pg_catalog.=) 'DONE'::outbox_status THEN d.processed_at END AS delivered_at,
+       d.processed_at, d.created_at
+  FROM outbox_delivery d
+  JOIN outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
+  JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) d.subscription_id;

@@ -238,24 +238,18 @@ impl EndpointState {
         slots.free_for(self).min(tokens).saturating_sub(self.queued.len())
     }
 
-    /// Starts its next queued delivery (counted in `slots`, numbered after `starts`), or finds
-    /// it too late to start (handed back). False when its queue is empty.
-    fn start_next(&mut self, slots: &mut Slots, starts: &mut u64, starting: &mut Starting) -> bool {
-        let Some(queued) = self.queued.pop_front() else { return false };
-        if queued.too_late(starting.now) {
-            starting.late.push(queued.delivery);
-            self.due_now = true; // (handed back, it is due again)
-            return true;
-        }
+    /// Starts its next queued delivery at `now` (counted in `slots`, numbered after `starts`);
+    /// None when its queue is empty.
+    fn start_next(&mut self, slots: &mut Slots, starts: &mut u64, now: Instant) -> Option<Claimed> {
+        let queued = self.queued.pop_front()?;
         slots.take(self, 1);
         self.in_flight += 1;
         *starts += 1;
         self.last_start = *starts;
         if let Some(bucket) = self.rate.as_mut() {
-            bucket.take(1, starting.now); // its rate limit's token is spent
+            bucket.take(1, now); // its rate limit's token is spent
         }
-        starting.start.push(queued.delivery);
-        true
+        Some(queued.delivery)
     }
 
     /// Its last claim left deliveries on their last attempt, and none could start now: a claim
@@ -351,13 +345,6 @@ impl Slots {
     fn may_keep(&self, endpoint: &EndpointState) -> bool {
         self.in_flight <= self.limit_for(endpoint, endpoint.in_flight.saturating_sub(1))
     }
-}
-
-/// What [`Endpoints::start_queued`] found to start, and too late to start, at `now`.
-struct Starting {
-    start: Vec<Claimed>,
-    late: Vec<Claimed>,
-    now: Instant,
 }
 
 #[derive(Default)]
@@ -599,8 +586,20 @@ impl Endpoints {
     /// for until the claim (which follows). Returns the deliveries to start, and the ones found
     /// too late to start (to hand back).
     pub fn start_queued(&mut self, max_in_flight: usize, total_in_flight: usize, now: Instant) -> (Vec<Claimed>, Vec<Claimed>) {
+        let (mut start, mut late) = (Vec::new(), Vec::new());
+        // Past its time to start, a delivery is handed back while its lease still holds it (its
+        // attempt then not counted), whether or not its endpoint gets a slot now. Found only as
+        // its endpoint's next, one queued behind slots held by requests that hang stayed past
+        // its lease's end, and kept the attempt: stop 59's probe of many endpoints saw 208
+        // deliveries with 2 attempts counted and none sent, when 100 endpoints began to hang.
+        for state in self.by_id.values_mut() {
+            let too_late = state.queued.take_too_late(now);
+            if !too_late.is_empty() {
+                state.due_now = true; // (handed back, they are due again)
+                late.extend(too_late);
+            }
+        }
         let mut slots = self.slots(max_in_flight, total_in_flight);
-        let mut starting = Starting { start: Vec::new(), late: Vec::new(), now };
         let has_a_token = |state: &EndpointState| state.rate.is_none_or(|bucket| bucket.available(now) > 0);
         // First what claims leased to start at once, in the free slots promised to them (no two
         // endpoints the same one, Endpoints::claims). In turn alone, an endpoint that started its
@@ -610,22 +609,23 @@ impl Endpoints {
         for id in self.in_turn(|e| e.enabled && e.queued.next_is_at_once()) {
             let state = self.by_id.get_mut(&id).expect("an endpoint with work");
             while slots.in_flight < slots.max && state.room(usize::MAX) > 0 && has_a_token(state) && state.queued.next_is_at_once() {
-                state.start_next(&mut slots, &mut self.starts, &mut starting);
+                start.extend(state.start_next(&mut slots, &mut self.starts, now));
             }
         }
         let may_claim = !self.waiting_for_payload_room;
         for id in self.in_turn(|e| e.has_a_request_to_start(may_claim)) {
             let state = self.by_id.get_mut(&id).expect("an endpoint with work");
             while slots.free_for(state) > 0 && has_a_token(state) {
-                if !state.start_next(&mut slots, &mut self.starts, &mut starting) {
+                let Some(delivery) = state.start_next(&mut slots, &mut self.starts, now) else {
                     if may_claim && state.wants_to_send() {
                         slots.take(state, 1); // held for its claim, which follows
                     }
                     break;
-                }
+                };
+                start.push(delivery);
             }
         }
-        (starting.start, starting.late)
+        (start, late)
     }
 
     /// Empties the queues of endpoints that may not send (disabled, gone) or, with `all`, of
@@ -892,6 +892,23 @@ mod unit_tests {
         assert_eq!(late.iter().map(|d| d.subscription_id).collect::<Vec<_>>(), vec![3]);
         assert!(started.is_empty(), "the slot waits for 3's claim");
         assert!(all.by_id[&3].due_now, "its delivery handed back is due");
+    }
+
+    #[test]
+    fn deliveries_too_late_to_start_are_handed_back_though_their_endpoint_gets_no_slot() {
+        // Every slot held by requests that hang; endpoint 2 leased rounds ahead and its queue is
+        // past its time to start. Found only when it got a slot, its deliveries stayed queued
+        // past their leases' end, when a hand-back no longer uncounts the attempt: stop 59's
+        // probe of many endpoints saw 208 deliveries with 2 attempts counted and none sent.
+        let now = Instant::now();
+        let mut all = endpoints(&[(1, 4, true), (2, 0, false)]);
+        queue(&mut all, 2, 3, now - Duration::from_secs(1));
+        queue(&mut all, 2, 2, now + Duration::from_secs(60));
+        let (started, late) = all.start_queued(4, 4, now);
+        assert!(started.is_empty());
+        assert_eq!(late.len(), 3, "the three past their time to start");
+        assert_eq!(all.by_id[&2].queued.len(), 2, "the others stay queued");
+        assert!(all.by_id[&2].due_now, "its deliveries handed back are due");
     }
 
     #[test]

@@ -72,6 +72,17 @@ impl EndpointQueue {
         self.deliveries().pop_front()
     }
 
+    /// Takes out the deliveries too late to start at `now` (they are handed back).
+    pub fn take_too_late(&self, now: Instant) -> Vec<Claimed> {
+        let mut deliveries = self.deliveries();
+        if !deliveries.iter().any(|queued| queued.too_late(now)) {
+            return Vec::new();
+        }
+        let (late, on_time): (VecDeque<Queued>, VecDeque<Queued>) = deliveries.drain(..).partition(|queued| queued.too_late(now));
+        *deliveries = on_time;
+        late.into_iter().map(|queued| queued.delivery).collect()
+    }
+
     /// Empties the queue (its deliveries are handed back).
     pub fn take_all(&self) -> Vec<Claimed> {
         self.deliveries().drain(..).map(|q| q.delivery).collect()

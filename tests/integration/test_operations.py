@@ -73,6 +73,24 @@ def test_a_failed_message_whose_retry_is_due_counts_as_ready_not_retrying(db):
     assert db.execute("SELECT pending, ready, in_flight, retrying FROM outbox_endpoint_stats()").fetchone() == (2, 1, 0, 1)
 
 
+def test_a_delivery_whose_lease_ran_out_is_ready_not_in_flight(db):
+    """A lease that ran out (its worker stopped during the request, or handed the delivery back
+    too late) leaves the delivery due again. outbox_endpoint_stats() and outbox_deliveries
+    showed it in flight for good: 395 requests in flight to disabled endpoints, 4.5 minutes
+    after their leases ran out, with the worker's in_flight at 0 (stop 59's probe of many
+    endpoints)."""
+    with db.transaction():  # (uncommitted: a worker starting would release the leases)
+        db.execute("INSERT INTO outbox_subscription (topic, url, enabled) VALUES ('audit.exported', 'http://127.0.0.1:9/', false)")
+        db.execute("""INSERT INTO outbox_delivery (message_id, subscription_id, status, attempts, leased, available_at)
+                      SELECT (outbox_enqueue('audit.exported', '{}')).id, (SELECT id FROM outbox_subscription), 'PENDING', 1, true,
+                             clock_timestamp() + d
+                        FROM unnest(ARRAY[interval '-1 minute', interval '1 minute']) d""")
+        db.execute("UPDATE outbox SET waiting_for = 'deliveries' WHERE topic = 'audit.exported'")
+        assert db.execute("SELECT pending, ready, in_flight, retrying FROM outbox_endpoint_stats()").fetchone() == (2, 1, 1, 0)
+        in_flight = db.execute("SELECT available_at > clock_timestamp(), in_flight FROM outbox_deliveries ORDER BY available_at").fetchall()
+        assert in_flight == [(False, False), (True, True)]
+
+
 def test_a_disabled_endpoint_of_a_quiet_topic_has_its_topics_row(db):
     """An endpoint disabled on a topic with no message (parked by hand for a migration) is
     counted in its topic's row, which the shipped alert reads. Until 0.5.34 outbox_stats() made

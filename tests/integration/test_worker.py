@@ -644,6 +644,35 @@ def test_a_worker_killed_beside_other_endpoints_dead_letters_no_delivery_it_neve
     assert unsent == [], f"{len(unsent)} of {2 * count} deliveries dead-lettered without a request ({len(dead)} dead)"
 
 
+def test_deliveries_queued_behind_requests_that_hang_are_handed_back_with_their_attempts_uncounted(worker, receiver):
+    """New endpoints lease rounds ahead; once they hang, each gets a slot only now and then, and
+    what they leased waits past its time to start. Found late only when its endpoint got a slot,
+    such a delivery was past its lease's end: its attempt stayed counted, and a later lease
+    counted another (stop 59's probe of many endpoints: 208 deliveries with 2 attempts counted
+    and none sent, 57 dead after 4 counted and 3 sent). Every attempt counted is one sent."""
+    configure_worker({"outbox.max_in_flight": "2", "outbox.worker_batch_size": "100", "outbox.max_attempts": "50"})
+    receiver.answer_by_default(200, delay=30)  # every request hangs past its endpoint's timeout
+    subscriptions = [
+        worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => interval '1 second')", (f"{receiver.url}?endpoint={n}",)).fetchone()[0]
+        for n in range(10)
+    ]
+    worker.execute("SELECT outbox_enqueue_batch('booking.created', array(SELECT jsonb_build_object('n', n) FROM generate_series(1, 3) n))")
+    time.sleep(20)
+    for subscription in subscriptions:
+        worker.execute("SELECT outbox_disable_subscription(%s)", (subscription,))
+    time.sleep(4)  # the requests in flight end by their timeout and are recorded; the queued are handed back
+    counts = worker.execute(
+        """SELECT d.subscription_id, d.message_id, d.attempts,
+                  (SELECT count(*) FROM outbox_delivery_attempts a
+                    WHERE a.subscription_id = d.subscription_id AND a.message_id = d.message_id)
+             FROM outbox_delivery d"""
+    ).fetchall()
+    assert len(counts) == 30
+    assert sum(sent for *_, sent in counts) >= 10, "each endpoint was tried"
+    uncounted = [(subscription, message, counted, sent) for subscription, message, counted, sent in counts if counted > sent]
+    assert uncounted == [], f"{len(uncounted)} of 30 deliveries with attempts counted and never sent"
+
+
 def test_only_administrators_manage_subscriptions(worker):
     worker.execute("DROP ROLE IF EXISTS outbox_app")
     worker.execute("CREATE ROLE outbox_app LOGIN")
