@@ -533,6 +533,15 @@ def test_a_stop_waits_for_a_slow_endpoint_ten_seconds_at_most(worker, receiver):
     eventually(status_is(worker, message_id, "DONE"), timeout=30, what="the next worker to send it again")
 
 
+def read_once_recovered(read):
+    """read(conn) on a new connection; None while the cluster recovers from a crash."""
+    try:
+        with connect(autocommit=True) as conn:
+            return read(conn)
+    except psycopg.OperationalError:
+        return None  # still recovering
+
+
 def test_a_worker_killed_mid_batch_loses_nothing(worker, receiver):
     worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
     receiver.answer_by_default(200, delay=0.05)
@@ -540,14 +549,10 @@ def test_a_worker_killed_mid_batch_loses_nothing(worker, receiver):
     receiver.wait_for(15)
     os.kill(worker_pid(worker), signal.SIGKILL)  # the postmaster resets the whole cluster
 
-    def all_done():
-        try:
-            with connect(autocommit=True) as conn:
-                return conn.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == len(ids)
-        except psycopg.OperationalError:
-            return False  # still recovering
+    def all_done(conn):
+        return conn.execute("SELECT count(*) FROM outbox WHERE status = 'DONE'").fetchone()[0] == len(ids)
 
-    eventually(all_done, timeout=90, interval=0.5, what="every message to be delivered after the crash")
+    eventually(lambda: read_once_recovered(all_done), timeout=90, interval=0.5, what="every message to be delivered after the crash")
     with connect(autocommit=True) as conn:
         expected = {row[0] for row in conn.execute("SELECT public_id::text FROM outbox")}
     delivered = [r["headers"]["webhook-id"] for r in receiver.requests if r["status"] == 200]
@@ -559,15 +564,7 @@ def test_a_worker_killed_mid_batch_loses_nothing(worker, receiver):
 def kill_the_worker(after: float = 0.0):
     """SIGKILL to the test database's worker, `after` seconds once there is one (the
     postmaster resets the whole cluster)."""
-
-    def pid():
-        try:
-            with connect(autocommit=True) as conn:
-                return worker_pid(conn)
-        except psycopg.OperationalError:
-            return None  # still recovering
-
-    running = eventually(pid, timeout=60, interval=0.2, what="the worker")
+    running = eventually(lambda: read_once_recovered(worker_pid), timeout=60, interval=0.2, what="the worker")
     time.sleep(after)
     os.kill(running, signal.SIGKILL)
     time.sleep(0.3)  # (the cluster's reset begins)
@@ -577,14 +574,10 @@ def dead_deliveries_once_every_message_ended(count):
     """Waits for the `count` messages to end; returns the dead deliveries as (subscription,
     message's public id, last error)."""
 
-    def ended():
-        try:
-            with connect(autocommit=True) as conn:
-                return conn.execute("SELECT count(*) FROM outbox WHERE status <> 'PENDING'").fetchone()[0] == count
-        except psycopg.OperationalError:
-            return False
+    def ended(conn):
+        return conn.execute("SELECT count(*) FROM outbox WHERE status <> 'PENDING'").fetchone()[0] == count
 
-    eventually(ended, timeout=90, interval=0.5, what="every message to end")
+    eventually(lambda: read_once_recovered(ended), timeout=90, interval=0.5, what="every message to end")
     with connect(autocommit=True) as conn:
         return conn.execute("SELECT subscription_id, public_id::text, last_error FROM outbox_deliveries WHERE status = 'DEAD'").fetchall()
 
