@@ -486,7 +486,7 @@ ALTER TABLE outbox_subscription ADD CONSTRAINT outbox_subscription_rate_limit_ch
 
 -- ======== new in 0.5.34 ========
 
--- ======== new in 0.5.35 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.35 ========
 
 -- A lease that ran out is not in flight (its delivery is due again): one whose worker stopped,
 -- or handed it back too late, showed in flight for good.
@@ -499,3 +499,5 @@ SELECT d.message_id, d.subscription_id, m.public_id, m.topic, s.url, d.status, d
   FROM outbox_delivery d
   JOIN outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
   JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) d.subscription_id;
+
+-- ======== new in 0.5.36 (scripts/make-upgrade-script.sh copies from here to the end) ========
