@@ -15,7 +15,8 @@
 //! - a subscription's `max_in_flight` caps its share, and its `rate_limit` is a token bucket
 //!   (a tenth of a second's worth of burst) that holds across the worker's rounds;
 //! - circuit breaker: while an endpoint fails (its latest answer was a failure), it gets one
-//!   request at a time until one succeeds (half-open probing); failing for
+//!   request at a time until one succeeds (half-open probing), and the failing endpoints'
+//!   probes hold half of the slots at most together; failing for
 //!   `outbox.endpoint_disable_after`, it is disabled (record.rs);
 //! - a disabled endpoint gets no request: its deliveries are parked until it is enabled again;
 //! - a healthy endpoint leases a few rounds of requests ahead (up to `outbox.worker_batch_size`
@@ -297,6 +298,9 @@ struct Slots {
     fair: usize,
     /// In flight now (and started since, while slots are handed out).
     in_flight: usize,
+    /// Of those, the failing endpoints' (their probes): together they may hold only
+    /// [`Slots::for_probes`].
+    probing: usize,
     /// Enabled trusted endpoints with nothing in flight: one slot each (up to half of them) is
     /// kept from the endpoints with requests in flight, so that one that gets work starts at
     /// once, however many slow endpoints hold the rest.
@@ -305,11 +309,30 @@ struct Slots {
     now: Instant,
 }
 
+/// What the failing endpoints' probes may hold together of `slots` (see [`Slots::for_probes`]).
+fn probes_share(slots: usize) -> usize {
+    (slots / 2).max(1)
+}
+
 impl Slots {
     /// What the endpoints with requests in flight, and the probes of failing ones, may have
     /// in flight together.
     fn for_those_sending(&self) -> usize {
         self.max - self.without_requests.min(self.max / 2)
+    }
+
+    /// What the failing endpoints' probes may hold together: half of what the endpoints
+    /// sending may (at least one), so that however many fail, and however long their probes
+    /// hang, the healthy endpoints keep the other half. (Each probe was an equal share: beside
+    /// 100 failing endpoints a healthy one got one slot in 101, about one request per turn of
+    /// the worker's loop: stop 59's probe of many endpoints.)
+    fn for_probes(&self) -> usize {
+        probes_share(self.for_those_sending())
+    }
+
+    /// Whether the probes hold all they may: a slot that frees cannot go to a failing endpoint.
+    fn probes_full(&self) -> bool {
+        self.probing >= self.for_probes()
     }
 
     /// The most that may be in flight when `endpoint`, with `before` in flight, starts one
@@ -328,8 +351,18 @@ impl Slots {
     /// How many requests `endpoint` may start now: within its share and the limit (in a kept
     /// slot, only its first one).
     fn free_for(&self, endpoint: &EndpointState) -> usize {
-        let free = self.limit_for(endpoint, endpoint.in_flight).saturating_sub(self.in_flight);
+        let mut free = self.limit_for(endpoint, endpoint.in_flight).saturating_sub(self.in_flight);
+        if endpoint.failing() {
+            free = free.min(self.for_probes().saturating_sub(self.probing));
+        }
         endpoint.room(self.share).min(if endpoint.in_flight == 0 { free.min(1) } else { free })
+    }
+
+    /// Whether `endpoint` waits for a slot that another's request frees: it has room in its
+    /// fair share but no slot now, and could take one (not a probe while the probes hold all
+    /// they may).
+    fn is_waited_for_by(&self, endpoint: &EndpointState) -> bool {
+        endpoint.room(self.fair) > 0 && self.free_for(endpoint) == 0 && !(endpoint.failing() && self.probes_full())
     }
 
     /// Counts `count` requests started (or a slot held for them) by `endpoint` (before it
@@ -337,6 +370,9 @@ impl Slots {
     fn take(&mut self, endpoint: &EndpointState, count: usize) {
         if count > 0 && endpoint.has_a_slot_kept(self.now) {
             self.without_requests = self.without_requests.saturating_sub(1);
+        }
+        if endpoint.failing() {
+            self.probing += count;
         }
         self.in_flight += count;
     }
@@ -515,11 +551,13 @@ impl Endpoints {
     fn slots(&self, max_in_flight: usize, in_flight: usize) -> Slots {
         let without_work = self.by_id.values().filter(|e| e.enabled && !e.busy()).count();
         let for_busy = max_in_flight - without_work.min(max_in_flight / 2);
-        // What an endpoint capped below an equal share (failing: one at a time; its
-        // subscription's max_in_flight) cannot use is shared by the others.
-        let mut caps: Vec<usize> = self.by_id.values().filter(|e| e.busy()).map(|e| e.cap(usize::MAX)).collect();
+        // The failing endpoints probe one request at a time each, in their half at most
+        // (Slots::for_probes); what an endpoint capped below an equal share (by its
+        // subscription's max_in_flight, or failing) cannot use is shared by the others.
+        let failing_busy = self.by_id.values().filter(|e| e.busy() && e.failing()).count();
+        let mut caps: Vec<usize> = self.by_id.values().filter(|e| e.busy() && !e.failing()).map(|e| e.cap(usize::MAX)).collect();
         caps.sort_unstable();
-        let (mut left, mut sharing) = (for_busy, caps.len());
+        let (mut left, mut sharing) = (for_busy - failing_busy.min(probes_share(for_busy)), caps.len());
         for cap in caps {
             if cap.saturating_mul(sharing) >= left {
                 break; // (this one and the rest get the equal share)
@@ -530,7 +568,8 @@ impl Endpoints {
         let now = Instant::now();
         let without_requests = self.by_id.values().filter(|e| e.has_a_slot_kept(now)).count();
         let (share, fair) = (left.div_ceil(sharing.max(1)).max(1), (left / sharing.max(1)).max(1));
-        Slots { max: max_in_flight, share, fair, in_flight, without_requests, now }
+        let probing = self.by_id.values().filter(|e| e.failing()).map(|e| e.in_flight).sum();
+        Slots { max: max_in_flight, share, fair, in_flight, probing, without_requests, now }
     }
 
     /// The endpoints `chosen`, in the order they take slots: those with nothing in flight first
@@ -643,8 +682,7 @@ impl Endpoints {
     /// of the main loop.
     pub fn allow_continuing(&self, claiming: bool, max_in_flight: usize, total_in_flight: usize) {
         let slots = self.slots(max_in_flight, total_in_flight);
-        let one_waits_for_a_slot =
-            self.by_id.values().any(|e| e.has_a_request_to_start(true) && e.room(slots.fair) > 0 && slots.free_for(e) == 0);
+        let one_waits_for_a_slot = self.by_id.values().any(|e| e.has_a_request_to_start(true) && slots.is_waited_for_by(e));
         for state in self.by_id.values() {
             let may_keep_its_slot = state.in_flight <= state.cap(slots.share) && slots.may_keep(state) && !one_waits_for_a_slot;
             let healthy = state.enabled && !state.failing() && state.rate.is_none();
@@ -942,20 +980,52 @@ mod unit_tests {
     #[test]
     fn failing_endpoints_leave_the_kept_slots_to_the_healthy_ones() {
         // 8 endpoints that hang (failing: a probe each, due again), 2 healthy ones without work,
-        // 8 slots: the probes take the 6 slots not kept. Until 0.5.34 a probe, its endpoint's
-        // first request, could take a kept slot: 8 hanging endpoints took every slot, and the
-        // healthy ones got one request per timeout (stop 57's probe of hostile receivers).
+        // 8 slots: the probes take half of the 6 slots not kept (until 0.5.36, all 6). Until
+        // 0.5.34 a probe, its endpoint's first request, could take a kept slot: 8 hanging
+        // endpoints took every slot, and the healthy ones got one request per timeout (stop
+        // 57's probe of hostile receivers).
         let spec: Vec<(i64, usize, bool)> = (1..=10).map(|id| (id, 0, id <= 8)).collect();
         let mut all = endpoints(&spec);
         for id in 1..=8 {
             all.by_id.get_mut(&id).unwrap().failing_since = Some(0);
         }
-        assert_eq!(free_slots(&mut all, 8, 0), (1..=6).map(|id| (id, 1)).collect::<Vec<_>>());
-        for id in 1..=6 {
+        assert_eq!(free_slots(&mut all, 8, 0), (1..=3).map(|id| (id, 1)).collect::<Vec<_>>());
+        for id in 1..=3 {
             all.by_id.get_mut(&id).unwrap().in_flight = 1;
         }
         all.by_id.get_mut(&9).unwrap().due_now = true;
-        assert_eq!(free_slots(&mut all, 8, 6), vec![(9, 1)], "a healthy endpoint that gets work starts at once");
+        assert_eq!(
+            free_slots(&mut all, 8, 3),
+            vec![(9, 4)],
+            "a healthy endpoint that gets work starts at once, in the half the probes leave"
+        );
+    }
+
+    #[test]
+    fn failing_endpoints_probe_in_half_of_the_slots_at_most() {
+        // 100 failing endpoints (one probe each at a time) and a healthy one, all with work, 8
+        // slots: the probes take 4, the healthy endpoint the other 4. Until 0.5.36 each probe
+        // was an equal share: the healthy endpoint got one slot in 101, about one request per
+        // turn of the worker's loop (stop 59's probe of many endpoints: 22 requests/s).
+        let spec: Vec<(i64, usize, bool)> = (1..=101).map(|id| (id, 0, true)).collect();
+        let mut all = endpoints(&spec);
+        for id in 2..=101 {
+            all.by_id.get_mut(&id).unwrap().failing_since = Some(0);
+        }
+        assert_eq!(free_slots(&mut all, 8, 0), vec![(1, 4), (2, 1), (3, 1), (4, 1), (5, 1)]);
+        // With the probes out, a slot that frees goes to the healthy endpoint, not to a probe...
+        for id in 2..=5 {
+            all.by_id.get_mut(&id).unwrap().in_flight = 1;
+        }
+        all.by_id.get_mut(&1).unwrap().in_flight = 3;
+        assert_eq!(free_slots(&mut all, 8, 7), vec![(1, 1)]);
+        // ... which may keep its slots for its next requests: the failing ones do not wait for them.
+        all.by_id.get_mut(&1).unwrap().in_flight = 4;
+        all.allow_continuing(true, 8, 8);
+        assert!(all.by_id[&1].queued.continuing(), "the healthy endpoint continues in its slots");
+        // One probe answers: its slot goes to another probe.
+        all.by_id.get_mut(&2).unwrap().in_flight = 0;
+        assert_eq!(free_slots(&mut all, 8, 7), vec![(6, 1)]);
     }
 
     #[test]
