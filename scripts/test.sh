@@ -77,9 +77,10 @@ if run integration; then
     # even then (tests/integration/test_bad_input.py).
     RUST_BACKTRACE=1 \
         scripts/cluster.sh start "$scratch/cluster" "$port"
+    # In CI the slowest tests are listed (what to trim when the run nears its hour).
     OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" \
         PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
-        .venv/bin/pytest tests/integration -q "$@"
+        .venv/bin/pytest tests/integration -q ${CI:+--durations=25} "$@"
     scripts/cluster.sh stop "$scratch/cluster"
 fi
 
