@@ -301,6 +301,8 @@ struct Slots {
     /// Of those, the failing endpoints' (their probes): together they may hold only
     /// [`Slots::for_probes`].
     probing: usize,
+    /// Some endpoint that is not failing has work (due, queued or in flight).
+    healthy_with_work: bool,
     /// Enabled trusted endpoints with nothing in flight: one slot each (up to half of them) is
     /// kept from the endpoints with requests in flight, so that one that gets work starts at
     /// once, however many slow endpoints hold the rest.
@@ -309,9 +311,10 @@ struct Slots {
     now: Instant,
 }
 
-/// What the failing endpoints' probes may hold together of `slots` (see [`Slots::for_probes`]).
+/// What the failing endpoints' probes may hold together of `slots` (see [`Slots::for_probes`]):
+/// half, rounded down (none of one slot but while no healthy endpoint has work).
 fn probes_share(slots: usize) -> usize {
-    (slots / 2).max(1)
+    slots / 2
 }
 
 impl Slots {
@@ -322,12 +325,17 @@ impl Slots {
     }
 
     /// What the failing endpoints' probes may hold together: half of what the endpoints
-    /// sending may (at least one), so that however many fail, and however long their probes
-    /// hang, the healthy endpoints keep the other half. (Each probe was an equal share: beside
-    /// 100 failing endpoints a healthy one got one slot in 101, about one request per turn of
-    /// the worker's loop: stop 59's probe of many endpoints.)
+    /// sending may, so that however many fail, and however long their probes hang, the healthy
+    /// endpoints keep the other half. (Each probe was an equal share: beside 100 failing
+    /// endpoints a healthy one got one slot in 101, about one request per turn of the worker's
+    /// loop: stop 59's probe of many endpoints.) One slot has no half: the probes take it only
+    /// while no healthy endpoint has work (in turn with its requests, a probe that hung held
+    /// it for its timeout: one request every 10 s beside 30 failing endpoints).
     fn for_probes(&self) -> usize {
-        probes_share(self.for_those_sending())
+        match probes_share(self.for_those_sending()) {
+            0 if !self.healthy_with_work => 1,
+            half => half,
+        }
     }
 
     /// Whether the probes hold all they may: a slot that frees cannot go to a failing endpoint.
@@ -557,6 +565,7 @@ impl Endpoints {
         let failing_busy = self.by_id.values().filter(|e| e.busy() && e.failing()).count();
         let mut caps: Vec<usize> = self.by_id.values().filter(|e| e.busy() && !e.failing()).map(|e| e.cap(usize::MAX)).collect();
         caps.sort_unstable();
+        let healthy_with_work = !caps.is_empty();
         let (mut left, mut sharing) = (for_busy - failing_busy.min(probes_share(for_busy)), caps.len());
         for cap in caps {
             if cap.saturating_mul(sharing) >= left {
@@ -569,7 +578,7 @@ impl Endpoints {
         let without_requests = self.by_id.values().filter(|e| e.has_a_slot_kept(now)).count();
         let (share, fair) = (left.div_ceil(sharing.max(1)).max(1), (left / sharing.max(1)).max(1));
         let probing = self.by_id.values().filter(|e| e.failing()).map(|e| e.in_flight).sum();
-        Slots { max: max_in_flight, share, fair, in_flight, probing, without_requests, now }
+        Slots { max: max_in_flight, share, fair, in_flight, probing, healthy_with_work, without_requests, now }
     }
 
     /// The endpoints `chosen`, in the order they take slots: those with nothing in flight first
@@ -1026,6 +1035,25 @@ mod unit_tests {
         // One probe answers: its slot goes to another probe.
         all.by_id.get_mut(&2).unwrap().in_flight = 0;
         assert_eq!(free_slots(&mut all, 8, 7), vec![(6, 1)]);
+    }
+
+    #[test]
+    fn with_one_slot_failing_endpoints_probe_only_while_no_healthy_one_has_work() {
+        // One slot has no half: a probe took it in turn with the healthy endpoint's requests,
+        // and one that hangs held it for its timeout (the probe of 0.5.36's change: beside 30
+        // failing endpoints a healthy one got a request every 10 s).
+        let mut all = endpoints(&[(1, 0, true), (2, 0, true), (3, 0, true)]);
+        for id in [2, 3] {
+            all.by_id.get_mut(&id).unwrap().failing_since = Some(0);
+        }
+        assert_eq!(free_slots(&mut all, 1, 0), vec![(1, 1)]);
+        assert_eq!(free_slots(&mut all, 1, 0), vec![(1, 1)], "again, while it has work");
+        all.by_id.get_mut(&1).unwrap().due_now = false;
+        assert_eq!(free_slots(&mut all, 1, 0), vec![(2, 1)], "without work, the probes go on");
+        // With two slots, half is one: a probe and the healthy endpoint.
+        all.by_id.get_mut(&1).unwrap().due_now = true;
+        let started = free_slots(&mut all, 2, 0);
+        assert!(started.contains(&(1, 1)) && started.len() == 2, "{started:?}");
     }
 
     #[test]

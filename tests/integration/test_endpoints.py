@@ -446,6 +446,33 @@ def test_many_failing_endpoints_leave_half_of_the_slots_to_a_healthy_one(worker,
     assert took < 5, f"the healthy endpoint's 200 messages took {took:.1f} s beside 60 failing endpoints (at most {healthy.max_concurrent} at once)"
 
 
+def test_with_one_slot_failing_endpoints_wait_while_a_healthy_one_has_work(worker, receivers):
+    """outbox.max_in_flight 1 has no half to leave: the probes of 6 failing endpoints that hang
+    past their timeout took the slot in turn with a healthy endpoint's requests, which got one
+    request per round of probes (the probe of 0.5.36's change: one every 10 s beside 30). They
+    now wait while a healthy endpoint has work, and go on after."""
+    db = worker
+    configure_worker({"outbox.max_in_flight": "1"})
+    hanging, healthy = receivers(), receivers()
+    hanging.answer_by_default(200, delay=20)
+    healthy.answer_by_default(200, delay=0.05)
+    for n in range(6):
+        db.execute("SELECT outbox_subscribe('report.ready', %s, timeout => interval '1 second')", (f"{hanging.url}?n={n}",))
+    db.execute("SELECT outbox_subscribe('quick.done', %s)", (healthy.url,))
+    enqueue_many(db, 10, topic="report.ready")
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_subscription WHERE failing_since IS NOT NULL").fetchone()[0] == 6,
+               timeout=30, what="the 6 endpoints recorded as failing")
+    sent = time.monotonic()
+    enqueue_many(db, 20, topic="quick.done")
+    healthy.wait_for(20, timeout=60)
+    took = time.monotonic() - sent
+    probed_before = hanging.started
+    # (Generous: 20 requests of 50 ms after one probe's timeout at most; a round of 6 probes, 6 s,
+    # stood before each until 0.5.36.)
+    assert took < 6, f"the healthy endpoint's 20 messages took {took:.1f} s beside 6 failing endpoints and one slot"
+    hanging.wait_for(probed_before + 2, timeout=10, started=True)  # (the failing endpoints probed again)
+
+
 def test_max_in_flight_caps_one_endpoint(worker, receivers):
     db = worker
     slow = receivers()
