@@ -416,6 +416,22 @@ def test_a_failing_endpoint_leaves_the_slots_it_cannot_use_to_another(worker, re
     assert slow.max_concurrent == 7, f"{slow.max_concurrent} requests at once beside a failing endpoint"
 
 
+def seconds_to_send_beside_failing_endpoints(db, healthy, failing_urls, timeout, count):
+    """Subscribes `failing_urls` (with `timeout`) to one topic and `healthy` to another, gives
+    the failing ones work until every one is recorded as failing, then returns how long
+    `count` messages to the healthy endpoint took to arrive."""
+    for url in failing_urls:
+        db.execute("SELECT outbox_subscribe('report.ready', %s, timeout => %s::interval)", (url, timeout))
+    db.execute("SELECT outbox_subscribe('quick.done', %s)", (healthy.url,))
+    enqueue_many(db, 40, topic="report.ready")
+    eventually(lambda: db.execute("SELECT count(*) FROM outbox_subscription WHERE failing_since IS NOT NULL").fetchone()[0] == len(failing_urls),
+               timeout=30, what=f"the {len(failing_urls)} endpoints recorded as failing")
+    sent = time.monotonic()
+    enqueue_many(db, count, topic="quick.done")
+    healthy.wait_for(count, timeout=60)
+    return time.monotonic() - sent
+
+
 def test_many_failing_endpoints_leave_half_of_the_slots_to_a_healthy_one(worker, receivers):
     """60 failing endpoints, half of them hanging past their timeout and half refusing
     connections, each probed one request at a time, beside a healthy endpoint that answers in
@@ -423,7 +439,6 @@ def test_many_failing_endpoints_leave_half_of_the_slots_to_a_healthy_one(worker,
     the healthy endpoint got one in 61, a request at a time (stop 59's probe of many endpoints:
     22 requests/s beside 100, its messages' latency p50 2.8 s). The probes now hold half of the
     slots at most."""
-    db = worker
     configure_worker({"outbox.max_in_flight": "16"})
     hanging, healthy = receivers(), receivers()
     hanging.answer_by_default(200, delay=20)
@@ -431,17 +446,8 @@ def test_many_failing_endpoints_leave_half_of_the_slots_to_a_healthy_one(worker,
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         refused_url = f"http://127.0.0.1:{closed.getsockname()[1]}/"
-    for n in range(30):
-        for url in (hanging.url, refused_url):
-            db.execute("SELECT outbox_subscribe('report.ready', %s, timeout => interval '2 seconds')", (f"{url}?n={n}",))
-    db.execute("SELECT outbox_subscribe('quick.done', %s)", (healthy.url,))
-    enqueue_many(db, 40, topic="report.ready")
-    eventually(lambda: db.execute("SELECT count(*) FROM outbox_subscription WHERE failing_since IS NOT NULL").fetchone()[0] == 60,
-               timeout=30, what="the 60 endpoints recorded as failing")
-    sent = time.monotonic()
-    enqueue_many(db, 200, topic="quick.done")
-    healthy.wait_for(200, timeout=60)
-    took = time.monotonic() - sent
+    failing = [f"{url}?n={n}" for n in range(30) for url in (hanging.url, refused_url)]
+    took = seconds_to_send_beside_failing_endpoints(worker, healthy, failing, "2 seconds", 200)
     # (Generous: 8 slots send the 200 in about 1.3 s; one slot needs 10 s.)
     assert took < 5, f"the healthy endpoint's 200 messages took {took:.1f} s beside 60 failing endpoints (at most {healthy.max_concurrent} at once)"
 
@@ -451,21 +457,12 @@ def test_with_one_slot_failing_endpoints_wait_while_a_healthy_one_has_work(worke
     past their timeout took the slot in turn with a healthy endpoint's requests, which got one
     request per round of probes (the probe of 0.5.36's change: one every 10 s beside 30). They
     now wait while a healthy endpoint has work, and go on after."""
-    db = worker
     configure_worker({"outbox.max_in_flight": "1"})
     hanging, healthy = receivers(), receivers()
     hanging.answer_by_default(200, delay=20)
     healthy.answer_by_default(200, delay=0.05)
-    for n in range(6):
-        db.execute("SELECT outbox_subscribe('report.ready', %s, timeout => interval '1 second')", (f"{hanging.url}?n={n}",))
-    db.execute("SELECT outbox_subscribe('quick.done', %s)", (healthy.url,))
-    enqueue_many(db, 10, topic="report.ready")
-    eventually(lambda: db.execute("SELECT count(*) FROM outbox_subscription WHERE failing_since IS NOT NULL").fetchone()[0] == 6,
-               timeout=30, what="the 6 endpoints recorded as failing")
-    sent = time.monotonic()
-    enqueue_many(db, 20, topic="quick.done")
-    healthy.wait_for(20, timeout=60)
-    took = time.monotonic() - sent
+    failing = [f"{hanging.url}?n={n}" for n in range(6)]
+    took = seconds_to_send_beside_failing_endpoints(worker, healthy, failing, "1 second", 20)
     probed_before = hanging.started
     # (Generous: 20 requests of 50 ms after one probe's timeout at most; a round of 6 probes, 6 s,
     # stood before each until 0.5.36.)
