@@ -301,7 +301,8 @@ struct Slots {
     /// Of those, the failing endpoints' (their probes): together they may hold only
     /// [`Slots::for_probes`].
     probing: usize,
-    /// Some endpoint that is not failing has work (due, queued or in flight).
+    /// Some endpoint that is not failing has work it could send now (in flight, or due or
+    /// queued with its rate limit's token at hand).
     healthy_with_work: bool,
     /// Enabled trusted endpoints with nothing in flight: one slot each (up to half of them) is
     /// kept from the endpoints with requests in flight, so that one that gets work starts at
@@ -329,8 +330,8 @@ impl Slots {
     /// endpoints keep the other half. (Each probe was an equal share: beside 100 failing
     /// endpoints a healthy one got one slot in 101, about one request per turn of the worker's
     /// loop: stop 59's probe of many endpoints.) One slot has no half: the probes take it only
-    /// while no healthy endpoint has work (in turn with its requests, a probe that hung held
-    /// it for its timeout: one request every 10 s beside 30 failing endpoints).
+    /// while no healthy endpoint has work to send now (in turn with its requests, a probe that
+    /// hung held it for its timeout: one request every 10 s beside 30 failing endpoints).
     fn for_probes(&self) -> usize {
         match probes_share(self.for_those_sending()) {
             0 if !self.healthy_with_work => 1,
@@ -565,7 +566,11 @@ impl Endpoints {
         let failing_busy = self.by_id.values().filter(|e| e.busy() && e.failing()).count();
         let mut caps: Vec<usize> = self.by_id.values().filter(|e| e.busy() && !e.failing()).map(|e| e.cap(usize::MAX)).collect();
         caps.sort_unstable();
-        let healthy_with_work = !caps.is_empty();
+        let now = Instant::now();
+        let healthy_with_work = self
+            .by_id
+            .values()
+            .any(|e| e.busy() && !e.failing() && (e.in_flight > 0 || e.rate.is_none_or(|bucket| bucket.available(now) > 0)));
         let (mut left, mut sharing) = (for_busy - failing_busy.min(probes_share(for_busy)), caps.len());
         for cap in caps {
             if cap.saturating_mul(sharing) >= left {
@@ -574,7 +579,6 @@ impl Endpoints {
             left -= cap;
             sharing -= 1;
         }
-        let now = Instant::now();
         let without_requests = self.by_id.values().filter(|e| e.has_a_slot_kept(now)).count();
         let (share, fair) = (left.div_ceil(sharing.max(1)).max(1), (left / sharing.max(1)).max(1));
         let probing = self.by_id.values().filter(|e| e.failing()).map(|e| e.in_flight).sum();
@@ -1050,8 +1054,14 @@ mod unit_tests {
         assert_eq!(free_slots(&mut all, 1, 0), vec![(1, 1)], "again, while it has work");
         all.by_id.get_mut(&1).unwrap().due_now = false;
         assert_eq!(free_slots(&mut all, 1, 0), vec![(2, 1)], "without work, the probes go on");
-        // With two slots, half is one: a probe and the healthy endpoint.
+        // A healthy endpoint with work that waits for its rate limit's next token leaves the
+        // slot to a probe meanwhile.
+        let now = Instant::now();
         all.by_id.get_mut(&1).unwrap().due_now = true;
+        all.by_id.get_mut(&1).unwrap().rate = Some(TokenBucket { per_second: 0.001, tokens: 0.0, at: now });
+        assert_eq!(all.free_slots_at(1, 0, now), vec![(3, 1)]);
+        all.by_id.get_mut(&1).unwrap().rate = None;
+        // With two slots, half is one: a probe and the healthy endpoint.
         let started = free_slots(&mut all, 2, 0);
         assert!(started.contains(&(1, 1)) && started.len() == 2, "{started:?}");
     }
