@@ -312,8 +312,8 @@ struct Slots {
     now: Instant,
 }
 
-/// What the failing endpoints' probes may hold together of `slots` (see [`Slots::for_probes`]):
-/// half, rounded down (none of one slot but while no healthy endpoint has work).
+/// What the failing endpoints' probes may hold together of `slots`: half, rounded down (of one
+/// slot none, but [`Slots::for_probes`] lends it to them while no healthy endpoint has work).
 fn probes_share(slots: usize) -> usize {
     slots / 2
 }
