@@ -211,6 +211,11 @@ impl EndpointState {
         self.cap(share).saturating_sub(self.in_flight)
     }
 
+    /// Whether its rate limit (if any) lets a request start at `now`.
+    fn has_a_token(&self, now: Instant) -> bool {
+        self.rate.is_none_or(|bucket| bucket.available(now) > 0)
+    }
+
     /// Whether the endpoint is due now and enabled (it has work the worker may lease).
     fn wants_to_send(&self) -> bool {
         self.enabled && self.due_now
@@ -567,10 +572,7 @@ impl Endpoints {
         let mut caps: Vec<usize> = self.by_id.values().filter(|e| e.busy() && !e.failing()).map(|e| e.cap(usize::MAX)).collect();
         caps.sort_unstable();
         let now = Instant::now();
-        let healthy_with_work = self
-            .by_id
-            .values()
-            .any(|e| e.busy() && !e.failing() && (e.in_flight > 0 || e.rate.is_none_or(|bucket| bucket.available(now) > 0)));
+        let healthy_with_work = self.by_id.values().any(|e| e.busy() && !e.failing() && (e.in_flight > 0 || e.has_a_token(now)));
         let (mut left, mut sharing) = (for_busy - failing_busy.min(probes_share(for_busy)), caps.len());
         for cap in caps {
             if cap.saturating_mul(sharing) >= left {
@@ -652,7 +654,6 @@ impl Endpoints {
             }
         }
         let mut slots = self.slots(max_in_flight, total_in_flight);
-        let has_a_token = |state: &EndpointState| state.rate.is_none_or(|bucket| bucket.available(now) > 0);
         // First what claims leased to start at once, in the free slots promised to them (no two
         // endpoints the same one, Endpoints::claims). In turn alone, an endpoint that started its
         // first request could start more from its queue, in the slot promised to the next one:
@@ -660,14 +661,14 @@ impl Endpoints {
         // probe of crashes).
         for id in self.in_turn(|e| e.enabled && e.queued.next_is_at_once()) {
             let state = self.by_id.get_mut(&id).expect("an endpoint with work");
-            while slots.in_flight < slots.max && state.room(usize::MAX) > 0 && has_a_token(state) && state.queued.next_is_at_once() {
+            while slots.in_flight < slots.max && state.room(usize::MAX) > 0 && state.has_a_token(now) && state.queued.next_is_at_once() {
                 start.extend(state.start_next(&mut slots, &mut self.starts, now));
             }
         }
         let may_claim = !self.waiting_for_payload_room;
         for id in self.in_turn(|e| e.has_a_request_to_start(may_claim)) {
             let state = self.by_id.get_mut(&id).expect("an endpoint with work");
-            while slots.free_for(state) > 0 && has_a_token(state) {
+            while slots.free_for(state) > 0 && state.has_a_token(now) {
                 let Some(delivery) = state.start_next(&mut slots, &mut self.starts, now) else {
                     if may_claim && state.wants_to_send() {
                         slots.take(state, 1); // held for its claim, which follows
