@@ -500,4 +500,6 @@ SELECT d.message_id, d.subscription_id, m.public_id, m.topic, s.url, d.status, d
   JOIN outbox m ON m.id OPERATOR(pg_catalog.=) d.message_id
   JOIN outbox_subscription s ON s.id OPERATOR(pg_catalog.=) d.subscription_id;
 
--- ======== new in 0.5.36 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.36 ========
+
+-- ======== new in 0.5.37 (scripts/make-upgrade-script.sh copies from here to the end) ========
