@@ -16,8 +16,10 @@
 # OUTBOX_TEST_STEPS chooses steps by name (comma- or space-separated; default: all), e.g.
 #   OUTBOX_TEST_STEPS=rust,install,integration PG=18 scripts/test.sh
 # (what .ci/run runs on PostgreSQL 18). Steps 3 to 6 use the extension that step 2 installs.
-# Arguments go to pytest (step 3), e.g. `scripts/test.sh -k upgrade`. OUTBOX_TEST_PORT
-# (default 25329) is the scratch cluster's port.
+# Arguments go to pytest (step 3), e.g. `scripts/test.sh -k upgrade`. Step 3 runs its tests in
+# OUTBOX_TEST_JOBS pytest-xdist workers (default 2; 1 runs them in one process), each against a
+# scratch cluster of its own, on ports OUTBOX_TEST_PORT (default 25329), OUTBOX_TEST_PORT + 1, …
+# (tests/integration/conftest.py). Most tests wait on a worker or a receiver, not on a core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -44,8 +46,17 @@ started=$SECONDS
 
 scratch=$(mktemp -d /tmp/outbox_ext-test.XXXXXX)
 chown postgres: "$scratch" 2>/dev/null || true
+jobs=${OUTBOX_TEST_JOBS:-2}
+case "$jobs" in
+'' | *[!0-9]* | 0)
+    echo "test.sh: OUTBOX_TEST_JOBS must be a number of workers, 1 or more (got '$jobs')" >&2
+    exit 2
+    ;;
+esac
 cleanup() {
-    scripts/cluster.sh stop "$scratch/cluster" || true
+    for ((k = 0; k < jobs; k++)); do
+        scripts/cluster.sh stop "$scratch/cluster$k" || true
+    done
     rm -rf "$scratch"
 }
 trap cleanup EXIT
@@ -75,13 +86,19 @@ if run integration; then
     port=${OUTBOX_TEST_PORT:-25329}
     # RUST_BACKTRACE=1, as a developer's environment often has it: errors must carry no backtrace
     # even then (tests/integration/test_bad_input.py).
-    RUST_BACKTRACE=1 \
-        scripts/cluster.sh start "$scratch/cluster" "$port"
+    for ((k = 0; k < jobs; k++)); do
+        RUST_BACKTRACE=1 scripts/cluster.sh start "$scratch/cluster$k" $((port + k))
+    done
+    parallel=()
+    # One group's tests run in one worker: test_pg_upgrade.py's install into the other versions.
+    [ "$jobs" -gt 1 ] && parallel=(-n "$jobs" --dist loadgroup)
     # In CI the slowest tests are listed (what to trim when the run nears its hour).
-    OUTBOX_TEST_SERVER_LOG="$scratch/cluster/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" \
+    OUTBOX_TEST_SERVER_LOG="$scratch/cluster0/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" \
         PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
-        .venv/bin/pytest tests/integration -q ${CI:+--durations=25} "$@"
-    scripts/cluster.sh stop "$scratch/cluster"
+        .venv/bin/pytest tests/integration -q "${parallel[@]}" ${CI:+--durations=25} "$@"
+    for ((k = 0; k < jobs; k++)); do
+        scripts/cluster.sh stop "$scratch/cluster$k"
+    done
 fi
 
 if run bench; then

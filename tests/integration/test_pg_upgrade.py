@@ -31,6 +31,9 @@ TARGETS = [15, 16, 17, 18]
 CURRENT = CURRENT_VERSION
 OLD_PORT, NEW_PORT = 25343, 25344
 DATABASE = "outbox_pg_upgrade"
+# One pytest-xdist worker runs them all (scripts/test.sh): each installs the extension into the
+# target version once per process, which must not replace a library another's server has loaded.
+pytestmark = pytest.mark.xdist_group("pg_upgrade")
 CONF = "outbox.worker_enabled = off"
 
 

@@ -429,7 +429,7 @@ def test_roles_made_in_advance_by_a_role_with_createrole_are_refused():
     try:
         with cluster.connect() as admin:
             admin.execute("CREATE ROLE creator LOGIN CREATEROLE")
-        with psycopg.connect(host="127.0.0.1", port=ROLES_PORT, user="creator", dbname="postgres", autocommit=True) as creator:
+        with psycopg.connect(host="127.0.0.1", port=cluster.port, user="creator", dbname="postgres", autocommit=True) as creator:
             creator.execute("CREATE ROLE outbox_admin LOGIN PASSWORD 'known to creator'")
             creator.execute("CREATE ROLE outbox_worker LOGIN")
         with cluster.connect() as admin:

@@ -18,6 +18,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CURRENT_VERSION = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
 
 
+def xdist_worker_index() -> int:
+    """Which of pytest-xdist's workers runs this process: 0 for gw0, and without xdist (the
+    reliability suite, the benchmark, OUTBOX_TEST_JOBS=1). Each worker has clusters of its own."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+
+
 def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 

@@ -10,6 +10,8 @@ import time
 
 import psycopg
 
+from support import xdist_worker_index
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -32,11 +34,16 @@ def as_server_user(command: list) -> list:
     return (["sudo", "-u", "postgres", "--"] if os.geteuid() == 0 else []) + command
 
 
+# Apart from each other's: pytest-xdist's worker K puts its own clusters K * PORTS_APART higher.
+PORTS_APART = 20
+
+
 class ScratchCluster:
-    """A cluster on 127.0.0.1:`port` that preloads outbox_ext; `conf` adds postgresql.conf lines."""
+    """A cluster on 127.0.0.1:`port` (moved PORTS_APART up per pytest-xdist worker) that preloads
+    outbox_ext; `conf` adds postgresql.conf lines."""
 
     def __init__(self, port: int, conf: str = ""):
-        self.port = port
+        self.port = port + PORTS_APART * xdist_worker_index()
         self.conf = conf
         self.dir = tempfile.mkdtemp(prefix="outbox_ext-scratch.")
         if os.geteuid() == 0:
