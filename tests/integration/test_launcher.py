@@ -25,6 +25,26 @@ def cluster():
     cluster.remove()
 
 
+def database_names(cluster) -> set[bytes]:
+    """Every database's name, as bytes (one test names a database in LATIN1)."""
+    with cluster.connect() as admin:
+        return {row[0] for row in admin.execute("SELECT datname::bytea FROM pg_database").fetchall()}
+
+
+@pytest.fixture(autouse=True)
+def drops_the_databases_it_created(cluster):
+    """The cluster is the module's: each test leaves it the databases it found. Those left
+    behind kept their workers, and outbox.max_workers (8) caps them: in the order the file
+    runs, a new database got the 8th worker; in another order (pytest-xdist's split of the
+    tests) it waited, and test_a_database_on_an_older_version_waits_for_its_update_asleep
+    timed out waiting for its worker."""
+    before = database_names(cluster)
+    yield
+    with cluster.connect() as admin:
+        for name in database_names(cluster) - before:
+            admin.execute(b'DROP DATABASE IF EXISTS "' + name + b'" WITH (FORCE)')
+
+
 @pytest.fixture()
 def receiver():
     receiver = Receiver().start()
