@@ -185,6 +185,27 @@ def test_a_failing_bodys_control_characters_are_not_kept(worker, receiver):
     assert error == "HTTP 500: no\ufffdsuch\ufffd[2Jthing"
 
 
+def test_an_answer_beyond_the_header_bounds_fails_whatever_its_status(worker, receiver):
+    """The worker reads at most 128 header lines and 64 KiB of an answer's head (its HTTP
+    client's bounds: a hostile receiver cannot make it hold more). Beyond them the attempt fails
+    even with a 2xx, and says why (docs/worker.md, "The answer"; found by stop 61's probe of the
+    worker's memory, where a receiver's 200 with 200 headers tripped the circuit breaker)."""
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+
+    def first_attempt(headers):
+        receiver.answer(200, headers=headers)
+        message_id, _ = enqueue(worker)
+        eventually(status_is(worker, message_id, "DONE"), what="DONE")
+        return worker.execute("SELECT http_status, error FROM outbox_delivery_attempts WHERE message_id = %s AND attempt = 1",
+                              (message_id,)).fetchone()
+
+    assert first_attempt({f"x-within-{n}": "v" for n in range(100)}) == (200, None)
+    status, error = first_attempt({f"x-beyond-{n}": "v" for n in range(130)})
+    assert "too many headers" in (error or ""), (status, error)
+    status, error = first_attempt({f"x-large-{n}": "v" * 8000 for n in range(10)})
+    assert "response header is too big" in (error or ""), (status, error)
+
+
 def test_autovacuum_sees_what_the_worker_writes(worker, receiver):
     """The worker's inserts and updates reach the statistics autovacuum decides by (a
     background worker must report them itself; a backend does it when it goes idle): before,
