@@ -53,10 +53,14 @@ case "$jobs" in
     exit 2
     ;;
 esac
-cleanup() {
+# stop_clusters: step 3's scratch clusters, one per test worker.
+stop_clusters() {
     for ((k = 0; k < jobs; k++)); do
-        scripts/cluster.sh stop "$scratch/cluster$k" || true
+        scripts/cluster.sh stop "$scratch/cluster$k"
     done
+}
+cleanup() {
+    stop_clusters || true
     rm -rf "$scratch"
 }
 trap cleanup EXIT
@@ -96,9 +100,7 @@ if run integration; then
     OUTBOX_TEST_SERVER_LOG="$scratch/cluster0/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" \
         PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
         .venv/bin/pytest tests/integration -q "${parallel[@]}" ${CI:+--durations=25} "$@"
-    for ((k = 0; k < jobs; k++)); do
-        scripts/cluster.sh stop "$scratch/cluster$k"
-    done
+    stop_clusters
 fi
 
 if run bench; then

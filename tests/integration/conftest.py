@@ -20,10 +20,10 @@ DATABASE = "outbox_integration"
 # pytest-xdist's worker K tests against scripts/test.sh's K-th scratch cluster: port PGPORT + K,
 # its server log in cluster<K>/ beside cluster0/'s. (Server-wide settings, ALTER SYSTEM, keep
 # workers from sharing a cluster.)
-if xdist_worker_index() and "PGPORT" in os.environ:
-    os.environ["PGPORT"] = str(int(os.environ["PGPORT"]) + xdist_worker_index())
+if (worker := xdist_worker_index()) and "PGPORT" in os.environ:
+    os.environ["PGPORT"] = str(int(os.environ["PGPORT"]) + worker)
     first_log = pathlib.Path(os.environ["OUTBOX_TEST_SERVER_LOG"])
-    os.environ["OUTBOX_TEST_SERVER_LOG"] = str(first_log.parent.with_name(f"cluster{xdist_worker_index()}") / first_log.name)
+    os.environ["OUTBOX_TEST_SERVER_LOG"] = str(first_log.parent.with_name(f"cluster{worker}") / first_log.name)
 
 
 def connect(**kwargs) -> psycopg.Connection:
