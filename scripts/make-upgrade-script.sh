@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-previous=0.5.36
+previous=0.5.37
 # Older releases with their released steps up to $previous, oldest first, for those whose own
 # steps lose users' grants. Every release since 0.4.0 reaches $previous by a script that keeps
 # them (sql/outbox_ext--{0.1.0,0.2.0,0.3.0}--0.4.0.sql), so PostgreSQL's path through it is

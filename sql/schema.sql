@@ -502,4 +502,6 @@ SELECT d.message_id, d.subscription_id, m.public_id, m.topic, s.url, d.status, d
 
 -- ======== new in 0.5.36 ========
 
--- ======== new in 0.5.37 (scripts/make-upgrade-script.sh copies from here to the end) ========
+-- ======== new in 0.5.37 ========
+
+-- ======== new in 0.5.38 (scripts/make-upgrade-script.sh copies from here to the end) ========

@@ -1,0 +1,2 @@
+-- What changes 0.5.37's objects on the way to 0.5.38 (the rest of the update script comes from
+-- the sources, run again: see scripts/make-upgrade-script.sh).
