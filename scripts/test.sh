@@ -20,6 +20,9 @@
 # OUTBOX_TEST_JOBS pytest-xdist workers (default 2; 1 runs them in one process), each against a
 # scratch cluster of its own, on ports OUTBOX_TEST_PORT (default 25329), OUTBOX_TEST_PORT + 1, …
 # (tests/integration/conftest.py). Most tests wait on a worker or a receiver, not on a core.
+# Tests that start clusters of their own put them 12 to 19 ports above OUTBOX_TEST_PORT, 20
+# more per worker (tests/support/cluster.py): suites run side by side on one machine need
+# OUTBOX_TEST_PORTs 20 x OUTBOX_TEST_JOBS apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -97,7 +100,7 @@ if run integration; then
     # One group's tests run in one worker: test_pg_upgrade.py's install into the other versions.
     [ "$jobs" -gt 1 ] && parallel=(-n "$jobs" --dist loadgroup)
     # In CI the slowest tests are listed (what to trim when the run nears its hour).
-    OUTBOX_TEST_SERVER_LOG="$scratch/cluster0/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" \
+    OUTBOX_TEST_SERVER_LOG="$scratch/cluster0/server.log" OUTBOX_PG_CONFIG="$PG_CONFIG" OUTBOX_TEST_PORT="$port" \
         PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
         .venv/bin/pytest tests/integration -q "${parallel[@]}" ${CI:+--durations=25} "$@"
     stop_clusters

@@ -36,14 +36,23 @@ def as_server_user(command: list) -> list:
 
 # Apart from each other's: pytest-xdist's worker K puts its own clusters K * PORTS_APART higher.
 PORTS_APART = 20
+# The tests' own clusters are numbered from scripts/test.sh's default port; a suite started on
+# another OUTBOX_TEST_PORT moves them as far, so that two suites on one machine do not meet.
+DEFAULT_SUITE_PORT = 25329
+
+
+def own_cluster_port(port: int) -> int:
+    """Where a test's own cluster, numbered `port` for the default suite, listens in this one."""
+    suite_port = int(os.environ.get("OUTBOX_TEST_PORT") or DEFAULT_SUITE_PORT)
+    return port + (suite_port - DEFAULT_SUITE_PORT) + PORTS_APART * xdist_worker_index()
 
 
 class ScratchCluster:
-    """A cluster on 127.0.0.1:`port` (moved PORTS_APART up per pytest-xdist worker) that preloads
-    outbox_ext; `conf` adds postgresql.conf lines."""
+    """A cluster on 127.0.0.1:`port` (moved by `own_cluster_port`) that preloads outbox_ext;
+    `conf` adds postgresql.conf lines."""
 
     def __init__(self, port: int, conf: str = ""):
-        self.port = port + PORTS_APART * xdist_worker_index()
+        self.port = own_cluster_port(port)
         self.conf = conf
         self.dir = tempfile.mkdtemp(prefix="outbox_ext-scratch.")
         if os.geteuid() == 0:
