@@ -239,9 +239,11 @@ http {{
 # --------------------------------------------------------------------------------------------
 
 
-def pgbench(script: str, clients: int, seconds: int, variables=None, options: str = "", rate=None):
-    """Runs one pgbench script; returns (transactions per second, mean latency in ms)."""
-    command = [PG_BIN / "pgbench", "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds),
+def pgbench(script: str, clients: int, seconds: int, variables=None, options: str = "", rate=None,
+            protocol: str = "simple"):
+    """Runs one pgbench script (`protocol`: pgbench's -M); returns (transactions per second, mean
+    latency in ms)."""
+    command = [PG_BIN / "pgbench", "-n", "-M", protocol, "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds),
                "-f", BENCH / "pgbench" / script, "-D", f"payload={PAYLOAD}"]
     for name, value in (variables or {}).items():
         command += ["-D", f"{name}={value}"]
@@ -275,12 +277,17 @@ def truncate(conn, tables):
 
 
 def enqueue_cost(cluster, s):
-    """1. outbox_enqueue vs a plain INSERT (and the essay's insert, and the batch path), 8 clients."""
+    """1. outbox_enqueue vs a plain INSERT (and the essay's insert, and the batch path), 8 clients:
+    each statement sent as text (pgbench's simple protocol, as psql, or a driver's first runs of
+    a statement, send it), and with synchronous_commit off also prepared once per connection, the
+    payload a bound parameter (as JDBC, pgx, or psycopg after five runs send a statement run
+    often): there the server parses and plans neither statement again."""
     targets = (("plain", "plain_queue", 1), ("minimal", "minimal_outbox", 1), ("essay", "essay_outbox", 1),
                ("outbox", "outbox", 1), ("outbox_batch", "outbox", 10))
     rows = []
-    for synchronous_commit in ("on", "off"):
+    for synchronous_commit, protocol in (("on", "simple"), ("off", "simple"), ("off", "prepared")):
         rates = {name: [] for name, _, _ in targets}
+        script_suffix = "" if protocol == "simple" else f"_{protocol}"
         for round_ in range(s.enqueue_rounds):
             # (Every other round in reverse order: a drift of the shared machine during a round
             # then favours no variant.)
@@ -288,11 +295,13 @@ def enqueue_cost(cluster, s):
                 with cluster.connect() as conn:
                     truncate(conn, table)
                     conn.execute("CHECKPOINT")
-                tps = pgbench(f"enqueue_{name}.sql", 8, s.enqueue_seconds, options=f"-c synchronous_commit={synchronous_commit}")[0]
+                tps = pgbench(f"enqueue_{name}{script_suffix}.sql", 8, s.enqueue_seconds,
+                              options=f"-c synchronous_commit={synchronous_commit}", protocol=protocol)[0]
                 rates[name].append(tps * per_statement)
         median = {k: statistics.median(v) for k, v in rates.items()}
         rows.append({
             "synchronous_commit": synchronous_commit,
+            "protocol": protocol,
             "plain_per_s": median["plain"],
             "minimal_per_s": median["minimal"],
             "essay_per_s": median["essay"],
@@ -1189,9 +1198,9 @@ def report(results, s, path_md, path_png):
         "",
         "## 1. Enqueue cost (8 clients, ~220-byte booking snapshot)",
         "",
-        "| synchronous_commit | plain INSERT msg/s | minimal outbox INSERT | essay's outbox INSERT | outbox_enqueue | **outbox_enqueue / plain** | minimal / plain | essay / plain | outbox_enqueue_batch (10) | batch / plain |",
+        "| synchronous_commit, protocol | plain INSERT msg/s | minimal outbox INSERT | essay's outbox INSERT | outbox_enqueue | **outbox_enqueue / plain** | minimal / plain | essay / plain | outbox_enqueue_batch (10) | batch / plain |",
         "|---|---|---|---|---|---|---|---|---|---|",
-        *[f"| {r['synchronous_commit']} | {r['plain_per_s']:.0f} | {r['minimal_per_s']:.0f} | {r['essay_per_s']:.0f} | {r['outbox_per_s']:.0f} | **{r['ratio']:.2f}** | {r['minimal_ratio']:.2f} | {r['essay_ratio']:.2f} | {r['batch_per_s']:.0f} | {r['batch_ratio']:.2f} |" for r in e],
+        *[f"| {r['synchronous_commit']}, {r['protocol']} | {r['plain_per_s']:.0f} | {r['minimal_per_s']:.0f} | {r['essay_per_s']:.0f} | {r['outbox_per_s']:.0f} | **{r['ratio']:.2f}** | {r['minimal_ratio']:.2f} | {r['essay_ratio']:.2f} | {r['batch_per_s']:.0f} | {r['batch_ratio']:.2f} |" for r in e],
         "",
         "The minimal outbox is a direct INSERT into the least a table needs to be claimed at a flat cost "
         "(a key and a partial index of ready rows): no function, no public_id, no attempts or history columns.",
@@ -1286,7 +1295,7 @@ def report(results, s, path_md, path_png):
     ax.bar([i - 0.1 for i in x], [r["minimal_ratio"] for r in e], 0.2, label="minimal outbox insert")
     ax.bar([i + 0.1 for i in x], [r["essay_ratio"] for r in e], 0.2, label="essay's insert")
     ax.bar([i + 0.3 for i in x], [r["batch_ratio"] for r in e], 0.2, label="outbox_enqueue_batch")
-    ax.set_xticks(list(x), [f"synchronous_commit={r['synchronous_commit']}" for r in e])
+    ax.set_xticks(list(x), [f"synchronous_commit={r['synchronous_commit']}, {r['protocol']}" for r in e])
     ax.axhline(0.9, color="gray", linestyle="--", label="target 0.90")
     ax.set_title("Enqueue msg/s / plain INSERT")
     ax.legend()
