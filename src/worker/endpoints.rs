@@ -753,6 +753,13 @@ impl Endpoints {
         self.by_id.values().filter(|e| e.enabled && !e.due_now && slots.free_for(e) > 0).filter_map(|e| e.next_due).min()
     }
 
+    /// When the first queued delivery, of any endpoint, becomes too late to start: the worker
+    /// must be awake just after, to hand it back while its lease still holds it (its attempt
+    /// then not counted), whatever else would wake it.
+    pub fn earliest_start_by(&self) -> Option<Instant> {
+        self.by_id.values().filter_map(|e| e.queued.earliest_start_by()).min()
+    }
+
     /// Endpoints whose next delivery has fallen due since (a retry's backoff or a message's
     /// delay ran out) want to send now, without waiting for the next reading of the due times.
     pub fn mark_due(&mut self, now: pg_sys::TimestampTz) {
@@ -961,6 +968,23 @@ mod unit_tests {
         assert_eq!(late.len(), 3, "the three past their time to start");
         assert_eq!(all.by_id[&2].queued.len(), 2, "the others stay queued");
         assert!(all.by_id[&2].due_now, "its deliveries handed back are due");
+    }
+
+    #[test]
+    fn the_worker_wakes_for_the_first_queued_delivery_to_become_too_late_of_any_endpoint() {
+        // Every slot held by endpoint 1's requests, which may hang as long as their timeout: the
+        // worker's sleep must end when endpoint 2's or 3's first queued delivery is too late to
+        // start, not at the next answer or poll, which may come after its lease's end.
+        let now = Instant::now();
+        let mut all = endpoints(&[(1, 4, false), (2, 0, false), (3, 0, false)]);
+        assert_eq!(all.earliest_start_by(), None, "nothing queued");
+        queue(&mut all, 2, 2, now + Duration::from_secs(40));
+        queue(&mut all, 3, 1, now + Duration::from_secs(30));
+        queue(&mut all, 2, 1, now + Duration::from_secs(20));
+        assert_eq!(all.earliest_start_by(), Some(now + Duration::from_secs(20)), "the earliest, wherever it is queued");
+        let (_, late) = all.start_queued(4, 4, now + Duration::from_secs(20) + Duration::from_millis(1));
+        assert_eq!(late.len(), 1);
+        assert_eq!(all.earliest_start_by(), Some(now + Duration::from_secs(30)), "then the next");
     }
 
     #[test]

@@ -74,6 +74,9 @@ const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// gives up after 60 s, where an endpoint's timeout may be 10 minutes. What has not answered by
 /// then is sent again by the next worker (at least once).
 const MAX_DRAIN: Duration = Duration::from_secs(10);
+/// A queued delivery is too late to start once its start_by has passed: the worker wakes this
+/// long after it to hand it back.
+const TOO_LATE_BY: Duration = Duration::from_millis(1);
 /// Answers wait at most this long to be recorded while deliveries are queued (a batch of
 /// answers, or nothing left to start, records them at once): one transaction records many.
 const RECORD_WITHIN: Duration = Duration::from_millis(10);
@@ -648,6 +651,12 @@ impl Worker {
             if let Some(due) = self.endpoints.earliest_due(max_in_flight, self.pool.in_flight()) {
                 wait = wait.min(Duration::from_micros(u64::try_from(due - now).unwrap_or(0)));
             }
+        }
+        // Queued deliveries are handed back once too late to start, before their leases end:
+        // the poll interval (up to an hour) must not outlast the margin between the two (2.5
+        // s), whatever endpoint holds the slots meanwhile.
+        if let Some(start_by) = self.endpoints.earliest_start_by() {
+            wait = wait.min(start_by.saturating_duration_since(Instant::now()) + TOO_LATE_BY);
         }
         if let Some(since) = self.finished_since.filter(|_| !self.waiting_for_update) {
             wait = wait.min(RECORD_WITHIN.saturating_sub(since.elapsed()));

@@ -83,6 +83,11 @@ impl EndpointQueue {
         late.into_iter().map(|queued| queued.delivery).collect()
     }
 
+    /// When the first of the queued deliveries must have started (else it is handed back).
+    pub fn earliest_start_by(&self) -> Option<Instant> {
+        self.deliveries().iter().map(|queued| queued.start_by).min()
+    }
+
     /// Empties the queue (its deliveries are handed back).
     pub fn take_all(&self) -> Vec<Claimed> {
         self.deliveries().drain(..).map(|q| q.delivery).collect()

@@ -687,6 +687,40 @@ def test_deliveries_queued_behind_requests_that_hang_are_handed_back_with_their_
     assert uncounted == [], f"{len(uncounted)} of 30 deliveries with attempts counted and never sent"
 
 
+def test_deliveries_queued_behind_long_requests_are_handed_back_in_time_whatever_the_poll_interval(worker, receiver):
+    """The slots are held by requests to slow endpoints (a 15 s timeout) and nothing else wakes
+    the worker (a 1 h poll interval, no answers, no commits): the deliveries queued for other
+    endpoints (a 1 s timeout) must be handed back by their time to start, before their leases
+    end 2.5 s later. Until 0.5.38 the worker slept until the next answer, 15 s on: their leases
+    had run out, and the attempts they were leased for stayed counted, never sent."""
+    configure_worker({"outbox.max_in_flight": "2", "outbox.poll_interval": "1h", "outbox.max_attempts": "50"})
+    receiver.answer_by_default(200, delay=30)  # every request hangs past its endpoint's timeout
+    for n in range(2):
+        worker.execute("SELECT outbox_subscribe('slow.created', %s, timeout => interval '15 seconds')", (f"{receiver.url}?slow={n}",))
+    quick = [
+        worker.execute("SELECT outbox_subscribe('booking.created', %s, timeout => interval '1 second')", (f"{receiver.url}?quick={n}",)).fetchone()[0]
+        for n in range(4)
+    ]
+    worker.execute("SELECT outbox_enqueue('slow.created', '{}')")
+    eventually(lambda: receiver.started == 2, what="both slots taken by the slow endpoints' requests")
+    worker.execute("SELECT outbox_enqueue_batch('booking.created', array(SELECT jsonb_build_object('n', n) FROM generate_series(1, 3) n))")
+    time.sleep(8)  # the quick endpoints' first leases (6 s) have ended; the slow requests are still out
+    for subscription in quick:
+        worker.execute("SELECT outbox_disable_subscription(%s)", (subscription,))
+    eventually(lambda: worker.execute("SELECT count(*) FROM outbox_delivery_attempts").fetchone()[0] >= 2,
+               what="the slow requests ended by their timeout (the worker woke, handed back what it held)")
+    counts = worker.execute(
+        """SELECT d.subscription_id, d.message_id, d.attempts,
+                  (SELECT count(*) FROM outbox_delivery_attempts a
+                    WHERE a.subscription_id = d.subscription_id AND a.message_id = d.message_id)
+             FROM outbox_delivery d WHERE d.subscription_id = ANY (%s)""", (quick,)
+    ).fetchall()
+    assert len(counts) == 12
+    assert all(sent == 0 for *_, sent in counts), "no slot was free for the quick endpoints"
+    counted = [(subscription, message, attempts) for subscription, message, attempts, _ in counts if attempts > 0]
+    assert counted == [], f"{len(counted)} of 12 deliveries with attempts counted and never sent"
+
+
 def test_only_administrators_manage_subscriptions(worker):
     worker.execute("DROP ROLE IF EXISTS outbox_app")
     worker.execute("CREATE ROLE outbox_app LOGIN")
