@@ -324,6 +324,11 @@ impl Worker {
                     self.endpoints.unhanding_held.hold(std::mem::take(&mut self.unhanding_again), Instant::now());
                     // (What the step let go is back: look for it again.)
                     self.endpoints.look_for_orphans = true;
+                    // What it learnt on the way is rolled back with its writes (no more messages
+                    // ready: its pick-up is undone; nothing more due at an endpoint: its leases
+                    // are): look again, rather than wait for the next poll.
+                    self.messages_may_be_ready = true;
+                    self.next_refresh = Instant::now();
                     // While draining, answers still wait to be recorded: try at least once a second.
                     let wait = if self.draining { self.retry_wait.min(Duration::from_secs(1)) } else { self.retry_wait };
                     self.retry_at = Some(Instant::now() + wait);

@@ -16,7 +16,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from conftest import configure_worker, connect
-from support import PausedAt, cpu_share, eventually
+from support import PausedAt, ServerLog, cpu_share, eventually
 
 from support.receiver import Receiver
 
@@ -719,6 +719,36 @@ def test_deliveries_queued_behind_long_requests_are_handed_back_in_time_whatever
     assert all(sent == 0 for *_, sent in counts), "no slot was free for the quick endpoints"
     counted = [(subscription, message, attempts) for subscription, message, attempts, _ in counts if attempts > 0]
     assert counted == [], f"{len(counted)} of 12 deliveries with attempts counted and never sent"
+
+
+def test_a_failed_step_forgets_nothing_it_knew_was_due(worker, receiver):
+    """A step that fails (a lock timeout, a serialization failure: here a trigger that fails
+    the first lease) rolls back its pick-up and its leases, and the worker tries again 100 ms
+    later. What the step had learnt on the way (no more messages ready, nothing more due at the
+    endpoint) was kept: until 0.5.38 the message waited for the next poll, up to
+    outbox.poll_interval (1 h here), or another producer's commit."""
+    configure_worker({"outbox.poll_interval": "1h"})
+    worker.execute("SELECT outbox_subscribe('booking.created', %s)", (receiver.url,))
+    worker.execute("""
+        CREATE SEQUENCE public.leases_seen;
+        CREATE FUNCTION public.fail_the_first_lease() RETURNS trigger LANGUAGE plpgsql
+            SECURITY DEFINER SET search_path = pg_catalog AS $$
+        BEGIN
+            IF nextval('public.leases_seen') = 1 THEN
+                RAISE EXCEPTION 'the first lease fails';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER fail_the_first_lease BEFORE UPDATE ON outbox_delivery
+            FOR EACH ROW EXECUTE FUNCTION public.fail_the_first_lease()""")
+    try:
+        log = ServerLog()
+        message_id, _ = enqueue(worker)
+        eventually(lambda: "the first lease fails" in log.since(), timeout=10, what="the step that failed")
+        receiver.wait_for(1, timeout=10)
+        eventually(status_is(worker, message_id, "DONE"), timeout=10)
+    finally:
+        worker.execute("DROP TRIGGER fail_the_first_lease ON outbox_delivery; DROP FUNCTION public.fail_the_first_lease(); DROP SEQUENCE public.leases_seen")
 
 
 def test_only_administrators_manage_subscriptions(worker):
