@@ -658,6 +658,17 @@ def test_a_worker_killed_beside_other_endpoints_dead_letters_no_delivery_it_neve
     assert unsent == [], f"{len(unsent)} of {2 * count} deliveries dead-lettered without a request ({len(dead)} dead)"
 
 
+def attempts_counted_and_sent(conn, subscriptions):
+    """(subscription, message, attempts counted, attempts sent) of each delivery to
+    `subscriptions`: sent is what the attempt log recorded."""
+    return conn.execute(
+        """SELECT d.subscription_id, d.message_id, d.attempts,
+                  (SELECT count(*) FROM outbox_delivery_attempts a
+                    WHERE a.subscription_id = d.subscription_id AND a.message_id = d.message_id)
+             FROM outbox_delivery d WHERE d.subscription_id = ANY (%s)""", (subscriptions,)
+    ).fetchall()
+
+
 def test_deliveries_queued_behind_requests_that_hang_are_handed_back_with_their_attempts_uncounted(worker, receiver):
     """New endpoints lease rounds ahead; once they hang, each gets a slot only now and then, and
     what they leased waits past its time to start. Found late only when its endpoint got a slot,
@@ -675,12 +686,7 @@ def test_deliveries_queued_behind_requests_that_hang_are_handed_back_with_their_
     for subscription in subscriptions:
         worker.execute("SELECT outbox_disable_subscription(%s)", (subscription,))
     time.sleep(4)  # the requests in flight end by their timeout and are recorded; the queued are handed back
-    counts = worker.execute(
-        """SELECT d.subscription_id, d.message_id, d.attempts,
-                  (SELECT count(*) FROM outbox_delivery_attempts a
-                    WHERE a.subscription_id = d.subscription_id AND a.message_id = d.message_id)
-             FROM outbox_delivery d"""
-    ).fetchall()
+    counts = attempts_counted_and_sent(worker, subscriptions)
     assert len(counts) == 30
     assert sum(sent for *_, sent in counts) >= 10, "each endpoint was tried"
     uncounted = [(subscription, message, counted, sent) for subscription, message, counted, sent in counts if counted > sent]
@@ -709,12 +715,7 @@ def test_deliveries_queued_behind_long_requests_are_handed_back_in_time_whatever
         worker.execute("SELECT outbox_disable_subscription(%s)", (subscription,))
     eventually(lambda: worker.execute("SELECT count(*) FROM outbox_delivery_attempts").fetchone()[0] >= 2,
                what="the slow requests ended by their timeout (the worker woke, handed back what it held)")
-    counts = worker.execute(
-        """SELECT d.subscription_id, d.message_id, d.attempts,
-                  (SELECT count(*) FROM outbox_delivery_attempts a
-                    WHERE a.subscription_id = d.subscription_id AND a.message_id = d.message_id)
-             FROM outbox_delivery d WHERE d.subscription_id = ANY (%s)""", (quick,)
-    ).fetchall()
+    counts = attempts_counted_and_sent(worker, quick)
     assert len(counts) == 12
     assert all(sent == 0 for *_, sent in counts), "no slot was free for the quick endpoints"
     counted = [(subscription, message, attempts) for subscription, message, attempts, _ in counts if attempts > 0]
